@@ -1,0 +1,31 @@
+"""mla_ops: Triton attention kernels for LLM serving, registered as ``torch.ops.mla``.
+
+Importing the package registers the ops (``mla::decode_verify``,
+``mla::warmup_decode_verify``, ``mla::context_attention``).
+"""
+
+from . import library  # noqa: F401  (registers torch.ops.mla)
+from .decode_verify.launch import (
+    _storage_view,
+    decode_attention_fwd_verify,
+    select_verify_config,
+    verify_num_kv_splits,
+    verify_row_blocks,
+    warmup_decode_attention_fwd_verify,
+)
+from .prefill.launch import context_attention_fwd
+from .reference import context_attention_ref, decode_verify_ref
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "decode_attention_fwd_verify",
+    "select_verify_config",
+    "verify_num_kv_splits",
+    "verify_row_blocks",
+    "warmup_decode_attention_fwd_verify",
+    "_storage_view",
+    "context_attention_fwd",
+    "decode_verify_ref",
+    "context_attention_ref",
+]

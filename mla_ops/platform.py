@@ -1,0 +1,103 @@
+"""What GPU this is: the one place the architecture is detected.
+
+Everything that depends on the hardware (config tables, HIP launch kwargs, the SM count the
+split heuristics use) asks :func:`current`. Tests pretend to be another GPU with
+:func:`mock_platform`, the single override point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+from typing import Iterator
+
+import torch
+
+__all__ = ["Platform", "current", "mock_platform", "interpreter_enabled"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Platform:
+    """Facts about the device the kernels run on.
+
+    arch: ``"sm_90"`` (CUDA capability 9.0), ``"gfx942"`` (HIP ``gcnArchName`` without its
+    feature suffix), ``"cpu"`` when no GPU is present.
+    """
+
+    arch: str
+    is_hip: bool
+    is_cuda: bool
+    sm_count: int
+    interpret: bool
+    device_name: str
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.is_cuda or self.is_hip
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=1)
+def _detect() -> Platform:
+    interpret = interpreter_enabled()
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        is_hip = torch.version.hip is not None
+        if is_hip:
+            arch = props.gcnArchName.split(":")[0]
+        else:
+            arch = f"sm_{props.major}{props.minor}"
+        return Platform(
+            arch=arch,
+            is_hip=is_hip,
+            is_cuda=not is_hip,
+            sm_count=props.multi_processor_count,
+            interpret=interpret,
+            device_name=props.name,
+        )
+    # No GPU: the interpreter still runs the Triton kernels on CPU tensors. The SM count only
+    # feeds the split heuristics, so give it a Hopper-sized value that keeps them meaningful.
+    return Platform(
+        arch="cpu", is_hip=False, is_cuda=False, sm_count=132, interpret=interpret,
+        device_name="cpu",
+    )
+
+
+_override: Platform | None = None
+
+
+def current() -> Platform:
+    """The platform in force: the mocked one inside :func:`mock_platform`, else the detected one."""
+    return _override if _override is not None else _detect()
+
+
+@contextlib.contextmanager
+def mock_platform(arch: str, sm_count: int | None = None, is_hip: bool | None = None) -> Iterator[Platform]:
+    """Pretend to run on ``arch`` (``"sm_90"``, ``"gfx942"``, ``"gfx1151"``, ``"sm_80"``, …).
+
+    Only host-side decisions (config selection, launch kwargs) see the mock; kernels still run
+    wherever the tensors live.
+    """
+    global _override
+    if is_hip is None:
+        is_hip = arch.startswith("gfx")
+    default_sms = {"sm_90": 132, "gfx942": 304, "gfx1151": 40}.get(arch, 108)
+    plat = Platform(
+        arch=arch,
+        is_hip=is_hip,
+        is_cuda=not is_hip,
+        sm_count=sm_count if sm_count is not None else default_sms,
+        interpret=interpreter_enabled(),
+        device_name=f"mocked {arch}",
+    )
+    saved, _override = _override, plat
+    try:
+        yield plat
+    finally:
+        _override = saved

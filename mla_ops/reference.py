@@ -1,0 +1,146 @@
+"""Plain-PyTorch implementations: the CPU kernels of the ``mla::`` ops and every test's oracle.
+
+Computed in fp32 (or the ``compute_dtype`` asked for), one request at a time and vectorized
+within it. Reading ``seq_lens`` on the host makes these synchronising; they are references, not
+the serving path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["decode_verify_ref", "context_attention_ref", "verify_row_limits", "cache_pages"]
+
+
+def cache_pages(k_buffer: torch.Tensor, page_size: int) -> torch.Tensor:
+    """``[num_pages, page_size, Lk]`` view of a 3-D or 4-D latent cache (any page stride)."""
+    if k_buffer.dim() == 3:
+        k_buffer = k_buffer.unflatten(0, (-1, page_size))
+    return k_buffer[:, :, 0, :]
+
+
+def verify_row_limits(L: int, L_real: int | None, qlen: int) -> torch.Tensor:
+    """``lim_t = max(min(L - qlen + 1 + t, L_real), 0)`` for t in [0, qlen): keys row t sees."""
+    t = torch.arange(qlen)
+    lim = L - qlen + 1 + t
+    if L_real is not None:
+        lim = torch.minimum(lim, torch.tensor(L_real))
+    return lim.clamp(min=0)
+
+
+def decode_verify_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    Lv: int,
+    req_to_token: torch.Tensor,
+    seq_lens: torch.Tensor,
+    real_seq_lens: torch.Tensor | None,
+    qlen: int,
+    sm_scale: float,
+    page_size: int,
+    k_scale: torch.Tensor | float | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal MLA verify attention.
+
+    Args:
+        q: ``[B*qlen, H, Lk]``; request b's token t is row ``b*qlen + t``.
+        k_buffer: ``[num_pages, page_size, 1, Lk]`` or ``[num_pages*page_size, 1, Lk]``, any
+            dtype (fp8 is dequantized by ``k_scale``). V is ``k_buffer[..., :Lv]``.
+        req_to_token: ``[B, max_pages]`` int block table.
+        seq_lens / real_seq_lens: ``[B]`` ints (real_seq_lens may be None).
+
+    Returns:
+        ``o`` ``[B*qlen, H, Lv]`` and ``lse`` ``[B*qlen, H]`` (natural log), both in
+        ``compute_dtype``. Rows with no key get ``o = 0`` and ``lse = -inf``.
+    """
+    rows, heads, Lk = q.shape
+    batch = rows // qlen
+    pages = cache_pages(k_buffer, page_size)
+    scale = 1.0 if k_scale is None else float(k_scale)
+    o = torch.zeros(rows, heads, Lv, dtype=compute_dtype, device=q.device)
+    lse = torch.full((rows, heads), float("-inf"), dtype=compute_dtype, device=q.device)
+    lens = seq_lens.tolist()
+    reals = real_seq_lens.tolist() if real_seq_lens is not None else [None] * batch
+    for b in range(batch):
+        lim = verify_row_limits(lens[b], reals[b], qlen).to(q.device)  # [qlen]
+        n_keys = int(lim.max())
+        if n_keys == 0:
+            continue
+        table = req_to_token[b, : math.ceil(n_keys / page_size)].long()
+        kv = pages[table].reshape(-1, Lk)[:n_keys].to(compute_dtype) * scale  # [n, Lk]
+        qb = q[b * qlen : (b + 1) * qlen].to(compute_dtype)  # [qlen, H, Lk]
+        s = torch.einsum("thd,nd->thn", qb, kv) * sm_scale
+        visible = torch.arange(n_keys, device=q.device)[None, :] < lim[:, None]  # [qlen, n]
+        s = s.masked_fill(~visible[:, None, :], float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1)  # [qlen, H]; -inf where a row sees nothing
+        safe = torch.where(torch.isinf(row_lse), torch.zeros_like(row_lse), row_lse)
+        p = torch.exp(s - safe[..., None])
+        o[b * qlen : (b + 1) * qlen] = torch.einsum("thn,nd->thd", p, kv[:, :Lv])
+        lse[b * qlen : (b + 1) * qlen] = row_lse
+    return o, lse
+
+
+def context_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    b_start_loc: torch.Tensor,
+    b_seq_len: torch.Tensor,
+    is_causal: bool = True,
+    softmax_scale: float | None = None,
+    sliding_window_q: int | None = None,
+    sliding_window_k: int | None = None,
+    sinks: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+    query_chunk: int = 1024,
+) -> torch.Tensor:
+    """Encoder attention on packed variable-length sequences.
+
+    Args:
+        q: ``[total, Hq, D]``; k, v: ``[total, Hkv, D]`` with Hq a multiple of Hkv (query head h
+            reads KV head ``h // (Hq // Hkv)``).
+        b_start_loc / b_seq_len: ``[B]`` first token and length of each sequence.
+        is_causal: query i sees keys j <= i of its own sequence (top-left aligned).
+        sliding_window_q: when > 0, query i sees keys with ``i - j <= window``.
+        sliding_window_k: when > 0, query i sees keys with ``j - i <= window``.
+        sinks: ``[Hq]`` per-head null logit (natural-log units, not scaled) that only adds
+            ``exp(sink)`` to the softmax denominator.
+
+    Returns:
+        ``o`` ``[total, Hq, D]`` in ``compute_dtype``; tokens outside every sequence stay 0.
+    """
+    total, hq, d = q.shape
+    group = hq // k.shape[1]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    o = torch.zeros(total, hq, v.shape[-1], dtype=compute_dtype, device=q.device)
+    for start, n in zip(b_start_loc.tolist(), b_seq_len.tolist()):
+        if n == 0:
+            continue
+        kb = k[start : start + n].to(compute_dtype).repeat_interleave(group, dim=1).transpose(0, 1)
+        vb = v[start : start + n].to(compute_dtype).repeat_interleave(group, dim=1).transpose(0, 1)
+        j = torch.arange(n, device=q.device)
+        for i0 in range(0, n, query_chunk):
+            i1 = min(n, i0 + query_chunk)
+            qb = q[start + i0 : start + i1].to(compute_dtype).transpose(0, 1)  # [Hq, m, D]
+            s = torch.matmul(qb, kb.transpose(1, 2)) * scale  # [Hq, m, n]
+            i = torch.arange(i0, i1, device=q.device)[:, None]
+            keep = torch.ones(i1 - i0, n, dtype=torch.bool, device=q.device)
+            if is_causal:
+                keep &= j[None, :] <= i
+            if sliding_window_q:
+                keep &= (i - j[None, :]) <= sliding_window_q
+            if sliding_window_k:
+                keep &= (j[None, :] - i) <= sliding_window_k
+            s = s.masked_fill(~keep[None], float("-inf"))
+            if sinks is not None:
+                sink = sinks.to(compute_dtype)[:, None, None].expand(hq, i1 - i0, 1)
+                lse = torch.logsumexp(torch.cat([s, sink], dim=-1), dim=-1)
+            else:
+                lse = torch.logsumexp(s, dim=-1)
+            safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+            p = torch.exp(s - safe[..., None])
+            o[start + i0 : start + i1] = torch.matmul(p, vb).transpose(0, 1)
+    return o
