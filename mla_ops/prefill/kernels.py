@@ -1,0 +1,263 @@
+"""Triton kernels of the encoder (prefill) attention: ``@triton.jit`` only.
+
+One program computes one ``BLOCK_M``-row block of queries of one (sequence, query head) pair
+against that sequence's keys, flash-attention style (online softmax in base 2, the softmax
+scale folded into the exponent). The head dim is covered by a power-of-2 main block of
+``BLOCK_D`` lanes plus an optional power-of-2 tail of ``BLOCK_D_TAIL`` lanes (72 -> 64 + 16),
+so a non-power-of-2 head dim does not pay for the next power of two. ``BLOCK_D_TAIL == 0``
+removes every tail statement at compile time: that is exactly the single-block kernel.
+
+The key range of a row block is walked in three phases: the blocks before the fully visible
+range (masked), the fully visible interior (no mask, no bounds checks), the blocks after it
+(masked). Blocks no row of the block can see (causal, windows, past the sequence) are never
+loaded.
+"""
+
+import triton
+import triton.language as tl
+
+# A finite "minus infinity" for the running max: a row that has seen only masked keys keeps
+# m = _NEG_BIG, so exp2(m_old - m_new) is exp2(0) = 1 and never the NaN of (-inf) - (-inf).
+_NEG_BIG = -1.0e30
+
+
+@triton.jit
+def _attn_block(
+    acc, acc_t, m_i, l_i,
+    q, q_t,
+    p_k, p_kt, p_v, p_vt,
+    offs_m, offs_n, seq_len,
+    start_n, end_n,
+    qk_scale, window_q, window_k,
+    stride_kt, stride_vt,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_D_TAIL: tl.constexpr,
+    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    HAS_WINDOW_Q: tl.constexpr, HAS_WINDOW_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """Fold keys ``[start_n, end_n)`` (multiples of BLOCK_N apart) into the running softmax.
+
+    ``p_k``/``p_v``: ``[BLOCK_N, BLOCK_D]`` pointers of the block at key 0 of the sequence,
+    ``p_kt``/``p_vt`` the same for the tail lanes. ``MASKED`` blocks apply the sequence end,
+    causal and window masks; unmasked (interior) blocks are known to be fully visible.
+    """
+    offs_d = tl.arange(0, BLOCK_D)
+    # Lanes past the head dim exist only when the block is wider than what it covers.
+    MASK_D: tl.constexpr = HEAD_DIM < BLOCK_D
+    MASK_DT: tl.constexpr = HEAD_DIM < BLOCK_D + BLOCK_D_TAIL
+    d_ok = offs_d < HEAD_DIM
+    if BLOCK_D_TAIL > 0:
+        offs_dt = tl.arange(0, BLOCK_D_TAIL)
+        dt_ok = offs_dt < HEAD_DIM - BLOCK_D
+
+    for start in tl.range(start_n, end_n, BLOCK_N, num_stages=NUM_STAGES):
+        start = tl.multiple_of(start, BLOCK_N)
+        n_ok = (start + offs_n) < seq_len  # [BLOCK_N]
+        # --- S = Q K^T over the main lanes, then accumulated over the tail lanes
+        if MASKED:
+            k = tl.load(p_k + start * stride_kt, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        elif MASK_D:
+            k = tl.load(p_k + start * stride_kt, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(p_k + start * stride_kt)
+        qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
+        if BLOCK_D_TAIL > 0:
+            if MASKED:
+                k_t = tl.load(p_kt + start * stride_kt, mask=n_ok[:, None] & dt_ok[None, :], other=0.0)
+            elif MASK_DT:
+                k_t = tl.load(p_kt + start * stride_kt, mask=dt_ok[None, :], other=0.0)
+            else:
+                k_t = tl.load(p_kt + start * stride_kt)
+            qk = tl.dot(q_t, tl.trans(k_t), qk)
+
+        # --- online softmax in base 2 (qk_scale = softmax_scale * log2(e))
+        if MASKED:
+            cols = start + offs_n  # [BLOCK_N] key positions in the sequence
+            visible = n_ok[None, :] & (offs_m[:, None] >= 0)  # [BLOCK_M, BLOCK_N]
+            if IS_CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None])
+            if HAS_WINDOW_Q:
+                visible = visible & (offs_m[:, None] - cols[None, :] <= window_q)
+            if HAS_WINDOW_K:
+                visible = visible & (cols[None, :] - offs_m[:, None] <= window_k)
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
+            p = tl.exp2(qk - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+        # --- O += P V, one accumulator per lane block
+        if MASKED:
+            v = tl.load(p_v + start * stride_vt, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        elif MASK_D:
+            v = tl.load(p_v + start * stride_vt, mask=d_ok[None, :], other=0.0)
+        else:
+            v = tl.load(p_v + start * stride_vt)
+        p_lo = p.to(v.dtype)
+        acc = tl.dot(p_lo, v, acc * alpha[:, None])  # [BLOCK_M, BLOCK_D]
+        if BLOCK_D_TAIL > 0:
+            if MASKED:
+                v_t = tl.load(p_vt + start * stride_vt, mask=n_ok[:, None] & dt_ok[None, :], other=0.0)
+            elif MASK_DT:
+                v_t = tl.load(p_vt + start * stride_vt, mask=dt_ok[None, :], other=0.0)
+            else:
+                v_t = tl.load(p_vt + start * stride_vt)
+            acc_t = tl.dot(p_lo, v_t, acc_t * alpha[:, None])  # [BLOCK_M, BLOCK_D_TAIL]
+    return acc, acc_t, m_i, l_i
+
+
+@triton.jit
+def context_attention_kernel(
+    Q, K, V, O, Sinks,
+    B_Start_Loc, B_Seq_Len,
+    qk_scale, window_q, window_k,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    kv_group,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_D_TAIL: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW_Q: tl.constexpr, HAS_WINDOW_K: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HEAD_STRIDE_ALIGNED_8: tl.constexpr,
+    NUM_M_BLOCKS_REVERSED: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    """Encoder attention on packed variable-length sequences.
+
+    Q ``[total, Hq, HEAD_DIM]``, K/V ``[total, Hkv, HEAD_DIM]`` (Hq = kv_group * Hkv), O
+    ``[total, Hq, HEAD_DIM]`` (mutated: rows of each sequence; other rows untouched), Sinks
+    ``[Hq]`` (read when HAS_SINKS), B_Start_Loc/B_Seq_Len ``[B]`` int32/int64.
+    Grid ``(cdiv(max_input_len, BLOCK_M), Hq, B)``.
+
+    HEAD_STRIDE_ALIGNED_8: every token and head stride of Q/K/V/O is a multiple of 8 elements
+    (checked by the launcher on the real strides). Triton only infers divisibility by 16 of
+    integer arguments, so at head dim 72 (stride 8 mod 16) it would otherwise assume nothing
+    and fall back to scalar loads.
+    """
+    pid_m = tl.program_id(0)
+    cur_head = tl.program_id(1)
+    cur_batch = tl.program_id(2)
+    if NUM_M_BLOCKS_REVERSED:
+        # Causal row blocks at the end of a sequence see the most keys: start those first so
+        # the last wave is made of short programs.
+        pid_m = tl.num_programs(0) - 1 - pid_m
+
+    seq_len = tl.load(B_Seq_Len + cur_batch).to(tl.int32)
+    m_start = pid_m * BLOCK_M
+    if m_start >= seq_len:
+        return
+    seq_start = tl.load(B_Start_Loc + cur_batch).to(tl.int64)
+    cur_kv_head = cur_head // kv_group
+
+    # Head-axis offsets hoisted into locals so the alignment hint has something to annotate.
+    off_qh = cur_head * stride_qh
+    off_kh = cur_kv_head * stride_kh
+    off_vh = cur_kv_head * stride_vh
+    off_oh = cur_head * stride_oh
+    if HEAD_STRIDE_ALIGNED_8:
+        off_qh = tl.multiple_of(off_qh, 8)
+        off_kh = tl.multiple_of(off_kh, 8)
+        off_vh = tl.multiple_of(off_vh, 8)
+        off_oh = tl.multiple_of(off_oh, 8)
+        stride_qt = tl.multiple_of(stride_qt, 8)
+        stride_kt = tl.multiple_of(stride_kt, 8)
+        stride_vt = tl.multiple_of(stride_vt, 8)
+        stride_ot = tl.multiple_of(stride_ot, 8)
+
+    offs_m = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M] query positions in the sequence
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < seq_len
+    d_ok = offs_d < HEAD_DIM
+
+    # int64 token offsets: total * stride can pass 2**31 for long packed batches.
+    row_q = (seq_start + offs_m) * stride_qt  # [BLOCK_M]
+    row_o = (seq_start + offs_m) * stride_ot
+    if HEAD_STRIDE_ALIGNED_8:
+        row_q = tl.multiple_of(row_q, 8)
+        row_o = tl.multiple_of(row_o, 8)
+    p_q = Q + off_qh + row_q[:, None] + offs_d[None, :]  # [BLOCK_M, BLOCK_D]
+    q = tl.load(p_q, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    row_k = (seq_start + offs_n) * stride_kt  # [BLOCK_N]
+    row_v = (seq_start + offs_n) * stride_vt
+    if HEAD_STRIDE_ALIGNED_8:
+        row_k = tl.multiple_of(row_k, 8)
+        row_v = tl.multiple_of(row_v, 8)
+    p_k = K + off_kh + row_k[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+    p_v = V + off_vh + row_v[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if BLOCK_D_TAIL > 0:
+        offs_dt = BLOCK_D + tl.arange(0, BLOCK_D_TAIL)
+        dt_ok = offs_dt < HEAD_DIM
+        q_t = tl.load(Q + off_qh + row_q[:, None] + offs_dt[None, :],
+                      mask=m_ok[:, None] & dt_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D_TAIL]
+        p_kt = K + off_kh + row_k[:, None] + offs_dt[None, :]  # [BLOCK_N, BLOCK_D_TAIL]
+        p_vt = V + off_vh + row_v[:, None] + offs_dt[None, :]
+        acc_t = tl.zeros([BLOCK_M, BLOCK_D_TAIL], dtype=tl.float32)
+    else:
+        # Placeholders the dead tail code never reads.
+        q_t = q
+        p_kt = p_k
+        p_vt = p_v
+        acc_t = acc
+
+    if HAS_SINKS:
+        # The sink is a null logit in natural-log units, outside the softmax scale: start the
+        # running softmax as if one key of logit `sink` had been seen with a zero value.
+        sink = tl.load(Sinks + cur_head).to(tl.float32) * 1.4426950408889634
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    else:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + _NEG_BIG
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # --- the key range [lo, hi) some row of the block sees, and the fully visible [full_lo, full_hi)
+    m_last = tl.minimum(m_start + BLOCK_M, seq_len) - 1  # last real row of the block
+    lo = 0
+    hi = seq_len
+    full_lo = 0
+    full_hi = seq_len
+    if IS_CAUSAL:
+        hi = tl.minimum(hi, m_last + 1)
+        full_hi = tl.minimum(full_hi, m_start + 1)
+    if HAS_WINDOW_Q:
+        lo = tl.maximum(lo, m_start - window_q)
+        full_lo = tl.maximum(full_lo, m_last - window_q)
+    if HAS_WINDOW_K:
+        hi = tl.minimum(hi, m_last + window_k + 1)
+        full_hi = tl.minimum(full_hi, m_start + window_k + 1)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    hi_blk = tl.cdiv(hi, BLOCK_N) * BLOCK_N
+    # Interior: whole blocks inside [full_lo, full_hi), clamped into [lo, hi_blk].
+    mid_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo), hi_blk)
+    mid_hi = tl.minimum(tl.maximum((full_hi // BLOCK_N) * BLOCK_N, mid_lo), hi_blk)
+
+    acc, acc_t, m_i, l_i = _attn_block(
+        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, offs_m, offs_n, seq_len,
+        lo, mid_lo, qk_scale, window_q, window_k, stride_kt, stride_vt,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
+        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES)
+    acc, acc_t, m_i, l_i = _attn_block(
+        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, offs_m, offs_n, seq_len,
+        mid_lo, mid_hi, qk_scale, window_q, window_k, stride_kt, stride_vt,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
+        False, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES)
+    acc, acc_t, m_i, l_i = _attn_block(
+        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, offs_m, offs_n, seq_len,
+        mid_hi, hi_blk, qk_scale, window_q, window_k, stride_kt, stride_vt,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
+        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES)
+
+    # --- epilogue: every real row saw at least its own key (or the sink), so l_i > 0 there.
+    inv_l = 1.0 / tl.where(m_ok, l_i, 1.0)  # [BLOCK_M]; rows past the sequence are not stored
+    p_o = O + off_oh + row_o[:, None] + offs_d[None, :]  # [BLOCK_M, BLOCK_D]
+    tl.store(p_o, (acc * inv_l[:, None]).to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+    if BLOCK_D_TAIL > 0:
+        p_ot = O + off_oh + row_o[:, None] + offs_dt[None, :]  # [BLOCK_M, BLOCK_D_TAIL]
+        tl.store(p_ot, (acc_t * inv_l[:, None]).to(O.dtype.element_ty),
+                 mask=m_ok[:, None] & dt_ok[None, :])
