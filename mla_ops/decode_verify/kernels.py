@@ -1,0 +1,315 @@
+"""Triton kernels of the MLA decode-verify attention (``@triton.jit`` only; launchers in launch.py).
+
+Stage 1: one program per (row block, request, KV split). A row block is ``BLOCK_H`` of the
+``qlen * H`` (verify token, head) rows of one request, row ``r`` being token ``r // H`` and head
+``r % H``. Every row of a request reads the same latent KV, so the program loads each KV tile
+``[BLOCK_N, Lk]`` once through the block table and uses it for all of its rows: as K for
+``QK = q_main @ k_main^T + q_pe @ k_pe^T`` and, its first ``Lv`` columns, as V for ``P @ V``.
+
+Stage 2: one program per (row, head) merges that row's existing splits by their LSE.
+
+Scores are kept in log2 units (``sm_scale * log2(e)`` folded into one scale) so the softmax
+uses ``exp2``; the LSE written out is natural-log.
+"""
+
+import triton
+import triton.language as tl
+
+_LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _kv_offsets(
+    Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage, stride_ktok,
+    PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, MASKED: tl.constexpr,
+):
+    """int64 element offsets ``[BLOCK_N]`` of the tokens ``offs_n`` of one request in the cache.
+
+    Page offsets are int64 because a cross-layer cache view has page strides of
+    ``layers * page_size * Lk`` elements, past int32 in big caches.
+    """
+    tok_off = (offs_n % PAGE_SIZE).to(tl.int64) * stride_ktok  # [BLOCK_N]
+    if ONE_PAGE:
+        # The whole KV block lies in one page (start_n < kv_end <= L): one table read.
+        page = tl.load(Req_to_Token + req_row + start_n // PAGE_SIZE)
+        return page.to(tl.int64) * stride_kpage + tok_off
+    else:
+        if MASKED:
+            # Table entries past the split end may not exist: read page 0 there (loads masked).
+            pages = tl.load(Req_to_Token + req_row + offs_n // PAGE_SIZE, mask=load_mask, other=0)
+        else:
+            pages = tl.load(Req_to_Token + req_row + offs_n // PAGE_SIZE)
+        return pages.to(tl.int64) * stride_kpage + tok_off
+
+
+@triton.jit
+def _attend_block(
+    acc0, acc1, m_i, l_i,
+    q0, q1, q_pe,
+    K_Buffer, Req_to_Token, req_row, start_n, kv_end, row_lim,
+    stride_kpage, stride_ktok, qk_scale,
+    BLOCK_N: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DPE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, QSPLIT: tl.constexpr, MASKED: tl.constexpr,
+):
+    """One KV block ``[start_n, start_n + BLOCK_N)`` for all rows of the tile (online softmax).
+
+    MASKED=False is only used for blocks entirely below every row's limit and the split end,
+    so neither the loads nor the scores need a mask there.
+    """
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    load_mask = offs_n < kv_end  # [BLOCK_N]
+    kv_off = _kv_offsets(Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage,
+                         stride_ktok, PAGE_SIZE, ONE_PAGE, MASKED)  # [BLOCK_N] int64
+    HALF: tl.constexpr = BLOCK_DMODEL // 2
+    if QSPLIT:
+        offs_d = tl.arange(0, HALF)
+    else:
+        offs_d = tl.arange(0, BLOCK_DMODEL)
+    p_k0 = K_Buffer + kv_off[:, None] + offs_d[None, :]
+    if MASKED:
+        k0 = tl.load(p_k0, mask=load_mask[:, None], other=0.0)  # [BLOCK_N, D0]
+    else:
+        k0 = tl.load(p_k0)
+    k0 = k0.to(q0.dtype)  # an fp8 cache is converted in registers
+    qk = tl.dot(q0, tl.trans(k0))  # [BLOCK_H, BLOCK_N] fp32
+    if QSPLIT:
+        p_k1 = p_k0 + HALF
+        if MASKED:
+            k1 = tl.load(p_k1, mask=load_mask[:, None], other=0.0)  # [BLOCK_N, HALF]
+        else:
+            k1 = tl.load(p_k1)
+        k1 = k1.to(q0.dtype)
+        qk = tl.dot(q1, tl.trans(k1), qk)
+    if BLOCK_DPE > 0:
+        offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
+        p_kpe = K_Buffer + kv_off[:, None] + offs_dpe[None, :]
+        if MASKED:
+            k_pe = tl.load(p_kpe, mask=load_mask[:, None], other=0.0)  # [BLOCK_N, BLOCK_DPE]
+        else:
+            k_pe = tl.load(p_kpe)
+        qk = tl.dot(q_pe, tl.trans(k_pe.to(q0.dtype)), qk)
+    qk = qk * qk_scale
+    if MASKED:
+        # Per-row causal / real-length limit; also masks the block's tokens past the split end
+        # (row_lim is capped by kv_end for that purpose).
+        visible = offs_n[None, :] < row_lim[:, None]  # [BLOCK_H, BLOCK_N]
+        qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))  # [BLOCK_H]
+    # A row that has seen no key yet keeps m = -inf; subtracting 0 instead keeps
+    # exp2(-inf - -inf) = NaN out of alpha and p.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_safe)  # [BLOCK_H]
+    p = tl.math.exp2(qk - m_safe[:, None])  # [BLOCK_H, BLOCK_N]
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p = p.to(q0.dtype)
+    # V is the first Lv columns of the K tile already in registers/shared memory.
+    acc0 = tl.dot(p, k0, acc0 * alpha[:, None])  # [BLOCK_H, D0]
+    if QSPLIT:
+        acc1 = tl.dot(p, k1, acc1 * alpha[:, None])  # [BLOCK_H, HALF]
+    return acc0, acc1, m_new, l_i
+
+
+@triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "batch", "num_kv_splits"])
+def _fwd_verify_stage1(
+    Q,  # [B*qlen, H, Lk]
+    K_Buffer,  # paged latent cache, element offsets computed from the page / token strides
+    qk_scale,  # sm_scale * log2(e)
+    Req_to_Token,  # [B, max_pages] int32
+    Seq_Lens,  # [B] int32
+    Real_Lens,  # [B] int32 (Seq_Lens when HAS_REAL is False)
+    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32 (o when SINGLE)
+    O,  # [B*qlen, H, Lv]
+    Lse,  # [B*qlen, H] fp32
+    stride_req_b,
+    stride_qm,
+    stride_qh,
+    stride_kpage,
+    stride_ktok,
+    stride_mid_m,
+    stride_mid_h,
+    stride_mid_s,
+    stride_om,
+    stride_oh,
+    stride_lm,
+    stride_lh,
+    K_Scale,  # [] fp32
+    batch,
+    num_kv_splits,
+    QLEN: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    HAS_REAL: tl.constexpr,
+    BLOCK_DMODEL: tl.constexpr,
+    BLOCK_DPE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr,
+    MIN_SPLIT_LEN: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    QSPLIT: tl.constexpr,
+    SINGLE: tl.constexpr,
+):
+    ROW_BLOCKS: tl.constexpr = (QLEN * NUM_HEADS + BLOCK_H - 1) // BLOCK_H
+    # Row blocks vary fastest so the row blocks of one (request, split) run side by side and
+    # share its KV tiles through L2.
+    pid = tl.program_id(0)
+    pid_rb = pid % ROW_BLOCKS
+    pid_bs = pid // ROW_BLOCKS
+    pid_s = pid_bs % num_kv_splits
+    pid_b = pid_bs // num_kv_splits
+
+    seq_len = tl.load(Seq_Lens + pid_b)
+    if HAS_REAL:
+        real_len = tl.load(Real_Lens + pid_b)
+    else:
+        real_len = seq_len
+
+    offs_r = pid_rb * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] rows of the request
+    row_valid = offs_r < QLEN * NUM_HEADS
+    tok = offs_r // NUM_HEADS
+    head = offs_r % NUM_HEADS
+    row_lim = tl.minimum(seq_len - QLEN + 1 + tok, real_len)
+    row_lim = tl.where(row_valid, tl.maximum(row_lim, 0), 0)  # [BLOCK_H]
+    min_lim = tl.min(tl.where(row_valid, row_lim, 2147483647), axis=0)
+    max_lim = tl.max(row_lim, axis=0)
+
+    # Split s of request b covers [s * chunk, min((s + 1) * chunk, L)).
+    chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
+    chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    split_start = pid_s * chunk
+    split_end = tl.minimum(split_start + chunk, seq_len)
+    kv_end = tl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
+    full_end = tl.minimum(split_end, min_lim)  # every row of the tile sees keys below this
+    full_end = split_start + tl.maximum(full_end - split_start, 0) // BLOCK_N * BLOCK_N
+
+    # Queries of the tile, kept for the whole pass.
+    q_row = (pid_b * QLEN + tok).to(tl.int64)
+    p_q = Q + q_row[:, None] * stride_qm + head[:, None] * stride_qh  # [BLOCK_H, 1]
+    HALF: tl.constexpr = BLOCK_DMODEL // 2
+    if QSPLIT:
+        offs_d = tl.arange(0, HALF)
+        q0 = tl.load(p_q + offs_d[None, :], mask=row_valid[:, None], other=0.0)  # [BLOCK_H, HALF]
+        q1 = tl.load(p_q + HALF + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+        acc0 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+    else:
+        offs_d = tl.arange(0, BLOCK_DMODEL)
+        q0 = tl.load(p_q + offs_d[None, :], mask=row_valid[:, None], other=0.0)  # [BLOCK_H, Lv]
+        q1 = q0  # unused
+        acc0 = tl.zeros([BLOCK_H, BLOCK_DMODEL], dtype=tl.float32)
+        acc1 = acc0  # unused
+    if BLOCK_DPE > 0:
+        offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
+        q_pe = tl.load(p_q + offs_dpe[None, :], mask=row_valid[:, None], other=0.0)  # [BLOCK_H, BLOCK_DPE]
+    else:
+        q_pe = q0  # unused
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+
+    k_scale = tl.load(K_Scale)
+    qk_scale = qk_scale * k_scale  # scores of a dequantized cache: q . (k * k_scale)
+    req_row = pid_b.to(tl.int64) * stride_req_b
+    # A KV block never straddles a page when pages and split starts are multiples of it.
+    ONE_PAGE: tl.constexpr = (PAGE_SIZE % BLOCK_N == 0) and (SPLIT_ALIGN % BLOCK_N == 0)
+
+    # Blocks below every row's limit: no masks.
+    for start_n in range(split_start, full_end, BLOCK_N):
+        acc0, acc1, m_i, l_i = _attend_block(
+            acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, Req_to_Token, req_row, start_n, kv_end,
+            row_lim, stride_kpage, stride_ktok, qk_scale,
+            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, False,
+        )
+    # The tail where rows' limits (or the split end) fall: loads bounded by kv_end, scores by
+    # each row's limit.
+    row_lim_split = tl.minimum(row_lim, kv_end)
+    for start_n in range(full_end, kv_end, BLOCK_N):
+        acc0, acc1, m_i, l_i = _attend_block(
+            acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, Req_to_Token, req_row, start_n, kv_end,
+            row_lim_split, stride_kpage, stride_ktok, qk_scale,
+            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, True,
+        )
+
+    # Rows that saw no key (lim == 0, or nothing of theirs in this split): o = 0, lse = -inf.
+    has_key = l_i > 0.0
+    inv_l = tl.where(has_key, k_scale / tl.where(has_key, l_i, 1.0), 0.0)  # V dequantized too
+    lse = tl.where(has_key, (m_i + tl.math.log2(tl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
+    out0 = acc0 * inv_l[:, None]
+    if QSPLIT:
+        out1 = acc1 * inv_l[:, None]
+    if SINGLE:
+        p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(p_o, out0.to(O.dtype.element_ty), mask=row_valid[:, None])
+        if QSPLIT:
+            tl.store(p_o + HALF, out1.to(O.dtype.element_ty), mask=row_valid[:, None])
+        tl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=row_valid)
+    else:
+        p_mid = Mid + q_row[:, None] * stride_mid_m + head[:, None] * stride_mid_h + pid_s * stride_mid_s
+        tl.store(p_mid + offs_d[None, :], out0, mask=row_valid[:, None])
+        if QSPLIT:
+            tl.store(p_mid + HALF + offs_d[None, :], out1, mask=row_valid[:, None])
+        p_mid_lse = Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + BLOCK_DMODEL
+        tl.store(p_mid_lse, lse, mask=row_valid)
+
+
+@triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits"])
+def _fwd_verify_stage2(
+    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32
+    O,  # [B*qlen, H, Lv]
+    Lse,  # [B*qlen, H] fp32
+    Seq_Lens,
+    Real_Lens,
+    stride_mid_m,
+    stride_mid_h,
+    stride_mid_s,
+    stride_om,
+    stride_oh,
+    stride_lm,
+    stride_lh,
+    num_kv_splits,
+    QLEN: tl.constexpr,
+    HAS_REAL: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr,
+    MIN_SPLIT_LEN: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    Lv: tl.constexpr,
+):
+    pid_m = tl.program_id(0)  # q row b * qlen + t
+    pid_h = tl.program_id(1)
+    pid_b = pid_m // QLEN
+    tok = pid_m % QLEN
+    seq_len = tl.load(Seq_Lens + pid_b)
+    if HAS_REAL:
+        real_len = tl.load(Real_Lens + pid_b)
+    else:
+        real_len = seq_len
+    lim = tl.maximum(tl.minimum(seq_len - QLEN + 1 + tok, real_len), 0)
+    # Same chunking as stage 1; only the splits starting below the row's limit exist.
+    chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
+    chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    n_splits = tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
+
+    offs_d = tl.arange(0, BLOCK_DV)
+    mask_d = offs_d < Lv
+    p_mid = Mid + pid_m.to(tl.int64) * stride_mid_m + pid_h * stride_mid_h
+    m_i = float("-inf")
+    l_i = 0.0
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        mask_s = offs_s < n_splits
+        # Every existing split holds at least one key, so its lse is finite.
+        lse_s = tl.load(p_mid + offs_s * stride_mid_s + Lv, mask=mask_s, other=float("-inf"))  # [BLOCK_S]
+        o_s = tl.load(p_mid + offs_s[:, None] * stride_mid_s + offs_d[None, :],
+                      mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_DV]
+        m_new = tl.maximum(m_i, tl.max(lse_s, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        w = tl.exp(lse_s - m_new)  # [BLOCK_S]
+        acc = acc * alpha + tl.sum(w[:, None] * o_s, axis=0)
+        l_i = l_i * alpha + tl.sum(w, axis=0)
+        m_i = m_new
+    has_key = l_i > 0.0
+    out = tl.where(has_key, acc / tl.where(has_key, l_i, 1.0), 0.0)
+    lse = tl.where(has_key, m_i + tl.log(tl.where(has_key, l_i, 1.0)), float("-inf"))
+    tl.store(O + pid_m.to(tl.int64) * stride_om + pid_h * stride_oh + offs_d,
+             out.to(O.dtype.element_ty), mask=mask_d)
+    tl.store(Lse + pid_m.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)

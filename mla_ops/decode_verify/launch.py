@@ -1,0 +1,291 @@
+"""Host side of the decode-verify attention: checks, split helpers, grid, launch, warmup.
+
+The kernels are in ``kernels.py``, the launch tables in ``configs.py``. Everything here is
+capture-safe: no host synchronisation, no ``.item()``, no allocation inside a launch (the
+default ``k_scale`` is made once per device, outside any capture).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+import triton
+
+from .. import checks, platform
+from ..checks import FP8_DTYPES
+from . import kernels
+from .configs import HIP_LAUNCH_KEYS, VERIFY_DEFAULT_CONFIG, reachable_verify_configs, select_verify_config
+
+__all__ = [
+    "decode_attention_fwd_verify",
+    "select_verify_config",
+    "verify_num_kv_splits",
+    "verify_row_blocks",
+    "warmup_decode_attention_fwd_verify",
+    "_storage_view",
+]
+
+_LOG2E = 1.4426950408889634
+
+# One fp32 1.0 per device: the k_scale of caches that need none. Made outside any capture.
+_UNIT_SCALE: dict[torch.device, torch.Tensor] = {}
+
+
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    t = _UNIT_SCALE.get(device)
+    if t is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A tensor made inside a capture is only filled at replay: unusable as a cache.
+            raise RuntimeError(
+                "k_scale: the default k_scale is created on first use and cannot be made during "
+                "a graph capture; run warmup_decode_attention_fwd_verify (or one eager call) "
+                "before capturing, or pass k_scale"
+            )
+        t = torch.ones((), dtype=torch.float32, device=device)
+        _UNIT_SCALE[device] = t
+    return t
+
+
+def _storage_view(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Contiguous ``shape`` over ``t``'s storage, or a new tensor if too small."""
+    if math.prod(shape) > t.untyped_storage().nbytes() // t.element_size():
+        return t.new_empty(shape)
+    strides = [1]
+    for size in reversed(shape[1:]):
+        strides.insert(0, strides[0] * size)
+    return torch.as_strided(t, shape, strides, 0)
+
+
+def verify_row_blocks(qlen: int, num_heads: int, block_h: int) -> int:
+    """Stage-1 row blocks per request: ``cdiv(qlen * num_heads, block_h)``."""
+    return triton.cdiv(qlen * num_heads, block_h)
+
+
+def verify_num_kv_splits(
+    max_seq_len: int,
+    batch: int,
+    qlen: int,
+    num_heads: int,
+    sm_count: int,
+    block_h: int = VERIFY_DEFAULT_CONFIG["BLOCK_H"],
+    occupancy: float = 1.0,
+    min_work_per_split: int = 64,
+    max_splits: int = 8,
+) -> int:
+    """Static upper bound on KV splits (safe to bake into a cudagraph).
+
+    The kernel splits each request's own length into ``max(cdiv(L, splits), MIN_SPLIT_LEN)``
+    chunks, so this only caps the split count. ``occupancy`` is the number of resident stage-1
+    programs per SM/CU. If one split of every request fits in a single dispatch round, use as
+    many splits as fit in that round; otherwise pick n <= max_splits minimising rounds(n) / n
+    (the idle tail of the last round), preferring fewer splits within 5% of the best.
+    """
+    programs_per_split = max(1, batch) * verify_row_blocks(qlen, num_heads, block_h)
+    ideal = triton.cdiv(max(1, max_seq_len), max(1, min_work_per_split))
+    slots = max(1, int(occupancy * sm_count))
+    if programs_per_split <= slots:
+        n = slots // programs_per_split
+    else:
+        cost = [
+            (triton.cdiv(n * programs_per_split, slots) / n, n)
+            for n in range(1, max(1, min(ideal, max_splits)) + 1)
+        ]
+        best = min(c for c, _ in cost)
+        n = min(n for c, n in cost if c <= best * 1.05)
+    return max(1, min(ideal, n, sm_count * 2))
+
+
+def _cache_strides(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int]:
+    """(page stride, token stride) in elements of a 4-D ``[pages, page_size, 1, Lk]`` or 3-D
+    ``[pages * page_size, 1, Lk]`` cache."""
+    if k_buffer.dim() == 4:
+        return k_buffer.stride(0), k_buffer.stride(1)
+    return k_buffer.stride(0) * page_size, k_buffer.stride(0)
+
+
+def decode_attention_fwd_verify(
+    q,
+    k_buffer,
+    v_buffer,
+    o,
+    lse,
+    req_to_token,
+    seq_lens,
+    real_seq_lens,
+    qlen,
+    attn_logits,
+    num_kv_splits,
+    sm_scale,
+    page_size,
+    k_scale=None,
+    *,
+    config: dict[str, Any] | None = None,
+):
+    """Causal MLA verify attention over a per-request block table.
+
+    Args:
+        q: ``[B*qlen, H, Lk]`` bf16/fp16 (fp32 under the interpreter); request b's token t is
+            row ``b*qlen + t``; any row/head strides, last dim contiguous.
+        k_buffer: paged latent cache ``[num_pages, page_size, 1, Lk]`` or
+            ``[num_pages*page_size, 1, Lk]``, dtype of q or fp8 (with ``k_scale``); any page
+            stride (a layer's view of a cross-layer cache).
+        v_buffer: ``k_buffer[..., :Lv]``; V is read from the K tile, only its width is used.
+        o: ``[B*qlen, H, Lv]`` dtype of q — written.
+        lse: ``[B*qlen, H]`` fp32 natural-log LSE, ``-inf`` for rows with no key — written.
+        req_to_token: ``[B, max_pages]`` int32 block table, one row per request.
+        seq_lens: ``[B]`` int32 KV length L (verify tokens included).
+        real_seq_lens: ``[B]`` int32 or None; row t's limit is
+            ``max(min(L - qlen + 1 + t, L_real), 0)``.
+        qlen: verify tokens per request.
+        attn_logits: fp32 workspace ``[B*qlen, H, num_kv_splits, Lv+1]`` (or larger rows) —
+            written when ``num_kv_splits > 1``; may be None when it is 1.
+        num_kv_splits: static cap on KV splits per request; shorter requests use fewer.
+        sm_scale: softmax scale.
+        page_size: tokens per cache page.
+        k_scale: scalar fp32 tensor dequantizing an fp8 cache; ignored for bf16/fp16.
+        config: keyword-only overrides of the selected launch config (benchmarks, sweeps).
+    """
+    batch, num_heads, Lk, Lv = checks.check_decode_verify(
+        q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
+        attn_logits, num_kv_splits, sm_scale, page_size, k_scale,
+    )
+    plat = platform.current()
+    cfg = select_verify_config(batch, qlen, num_heads)
+    if config:
+        unknown = set(config) - set(cfg) - set(HIP_LAUNCH_KEYS)
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)}")
+        cfg.update(config)
+    num_rows = q.shape[0]
+    if batch == 0:
+        return
+    single = num_kv_splits == 1
+    if single:
+        # Stage 1 writes o / lse directly; o only stands in for the workspace pointer.
+        mid, mid_strides = o, (0, 0, 0)
+    else:
+        mid, mid_strides = attn_logits, attn_logits.stride()[:3]
+    if k_buffer.dtype not in FP8_DTYPES or k_scale is None:
+        k_scale = _unit_scale(q.device)
+    has_real = real_seq_lens is not None
+    real = real_seq_lens if has_real else seq_lens
+    stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
+    launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    if plat.is_hip:
+        launch_kw.update({k: cfg[k] for k in HIP_LAUNCH_KEYS if k in cfg})
+
+    grid = (verify_row_blocks(qlen, num_heads, cfg["BLOCK_H"]) * batch * num_kv_splits,)
+    kernels._fwd_verify_stage1[grid](
+        q, k_buffer, sm_scale * _LOG2E, req_to_token, seq_lens, real, mid, o, lse,
+        req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
+        *mid_strides,
+        o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
+        k_scale, batch, num_kv_splits,
+        QLEN=qlen,
+        NUM_HEADS=num_heads,
+        HAS_REAL=has_real,
+        BLOCK_DMODEL=Lv,
+        BLOCK_DPE=Lk - Lv,
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_H=cfg["BLOCK_H"],
+        SPLIT_ALIGN=cfg["SPLIT_ALIGN"],
+        MIN_SPLIT_LEN=cfg["MIN_SPLIT_LEN"],
+        PAGE_SIZE=page_size,
+        QSPLIT=bool(cfg["QSPLIT"]),
+        SINGLE=single,
+        **launch_kw,
+    )
+    if single:
+        return
+    kernels._fwd_verify_stage2[(num_rows, num_heads)](
+        attn_logits, o, lse, seq_lens, real,
+        *mid_strides,
+        o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
+        num_kv_splits,
+        QLEN=qlen,
+        HAS_REAL=has_real,
+        SPLIT_ALIGN=cfg["SPLIT_ALIGN"],
+        MIN_SPLIT_LEN=cfg["MIN_SPLIT_LEN"],
+        BLOCK_S=cfg["S2_BLOCK_S"],
+        BLOCK_DV=triton.next_power_of_2(Lv),
+        Lv=Lv,
+        num_warps=cfg["s2_num_warps"],
+        num_stages=1,
+    )
+
+
+def _scratch_like(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """A fresh tensor with ``rows`` leading rows and ``t``'s strides, dtype, device and data
+    pointer alignment (Triton specializes on pointer alignment; the warmup must hit the same
+    variant as serving)."""
+    shape = (rows, *t.shape[1:])
+    span = 1 + sum((s - 1) * st for s, st in zip(shape, t.stride()) if s > 0)
+    offset = t.storage_offset() % 64  # 64 elements >= 16 bytes of any dtype's alignment
+    base = torch.empty(span + offset, dtype=t.dtype, device=t.device)
+    return torch.as_strided(base, shape, t.stride(), offset)
+
+
+def warmup_decode_attention_fwd_verify(
+    q,
+    k_buffer,
+    o,
+    lse,
+    req_to_token,
+    has_real,
+    qlens,
+    attn_logits,
+    sm_scale,
+    page_size,
+    k_scale=None,
+):
+    """Compile every launch variant serving can reach for these tensors.
+
+    For each qlen in ``qlens``: each config the arch's table can select for these heads (one
+    representative batch per bucket), with one split and with several (``attn_logits.shape[2]``
+    if given, else 2; every cap > 1 shares one variant), with real_seq_lens iff ``has_real``.
+    Each runs once on scratch tensors with the strides (and pointer alignment) of the real ones;
+    no caller-visible tensor is written. Also creates the default ``k_scale`` so that a later
+    capture allocates nothing.
+
+    Args: as :func:`decode_attention_fwd_verify`; q/o/lse/req_to_token give strides, dtypes and
+    heads only (their row counts are free); attn_logits may be None.
+    """
+    checks.check_warmup_decode_verify(
+        q, k_buffer, o, lse, req_to_token, has_real, qlens, attn_logits, sm_scale, page_size,
+        k_scale,
+    )
+    num_heads, Lv = q.shape[1], o.shape[-1]
+    dev = q.device
+    _unit_scale(dev)
+    splits_many = attn_logits.shape[2] if attn_logits is not None and attn_logits.dim() == 4 else 2
+    splits_many = max(2, splits_many)
+    v_buffer = k_buffer[..., :Lv]
+    for qlen in qlens:
+        for batch, _cfg in reachable_verify_configs(qlen, num_heads):
+            rows = batch * qlen
+            seq_lens = torch.full((batch,), qlen, dtype=torch.int32, device=dev)
+            block_table = _scratch_like(req_to_token, batch).zero_()
+            for num_kv_splits in (1, splits_many):
+                workspace = None
+                if num_kv_splits > 1:
+                    workspace = torch.empty(
+                        (rows, num_heads, num_kv_splits, Lv + 1), dtype=torch.float32, device=dev
+                    )
+                decode_attention_fwd_verify(
+                    _scratch_like(q, rows).zero_(),
+                    k_buffer,
+                    v_buffer,
+                    _scratch_like(o, rows),
+                    _scratch_like(lse, rows),
+                    block_table,
+                    seq_lens,
+                    seq_lens if has_real else None,
+                    qlen,
+                    workspace,
+                    num_kv_splits,
+                    sm_scale,
+                    page_size,
+                    k_scale=k_scale,
+                )
