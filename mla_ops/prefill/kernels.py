@@ -18,7 +18,7 @@ import triton.language as tl
 
 # A finite "minus infinity" for the running max: a row that has seen only masked keys keeps
 # m = _NEG_BIG, so exp2(m_old - m_new) is exp2(0) = 1 and never the NaN of (-inf) - (-inf).
-_NEG_BIG = -1.0e30
+_NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
