@@ -15,7 +15,7 @@ uses ``exp2``; the LSE written out is natural-log.
 import triton
 import triton.language as tl
 
-_LN2 = 0.6931471805599453
+_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
