@@ -50,6 +50,7 @@ def _attend_block(
     stride_kpage, stride_ktok, qk_scale,
     BLOCK_N: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DPE: tl.constexpr,
     PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, QSPLIT: tl.constexpr, MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """One KV block ``[start_n, start_n + BLOCK_N)`` for all rows of the tile (online softmax).
 
@@ -71,7 +72,7 @@ def _attend_block(
     else:
         k0 = tl.load(p_k0)
     k0 = k0.to(q0.dtype)  # an fp8 cache is converted in registers
-    qk = tl.dot(q0, tl.trans(k0))  # [BLOCK_H, BLOCK_N] fp32
+    qk = tl.dot(q0, tl.trans(k0), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N] fp32
     if QSPLIT:
         p_k1 = p_k0 + HALF
         if MASKED:
@@ -79,7 +80,7 @@ def _attend_block(
         else:
             k1 = tl.load(p_k1)
         k1 = k1.to(q0.dtype)
-        qk = tl.dot(q1, tl.trans(k1), qk)
+        qk = tl.dot(q1, tl.trans(k1), qk, input_precision=DOT_PRECISION)
     if BLOCK_DPE > 0:
         offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
         p_kpe = K_Buffer + kv_off[:, None] + offs_dpe[None, :]
@@ -87,7 +88,7 @@ def _attend_block(
             k_pe = tl.load(p_kpe, mask=load_mask[:, None], other=0.0)  # [BLOCK_N, BLOCK_DPE]
         else:
             k_pe = tl.load(p_kpe)
-        qk = tl.dot(q_pe, tl.trans(k_pe.to(q0.dtype)), qk)
+        qk = tl.dot(q_pe, tl.trans(k_pe.to(q0.dtype)), qk, input_precision=DOT_PRECISION)
     qk = qk * qk_scale
     if MASKED:
         # Per-row causal / real-length limit; also masks the block's tokens past the split end
@@ -103,9 +104,9 @@ def _attend_block(
     l_i = l_i * alpha + tl.sum(p, axis=1)
     p = p.to(q0.dtype)
     # V is the first Lv columns of the K tile already in registers/shared memory.
-    acc0 = tl.dot(p, k0, acc0 * alpha[:, None])  # [BLOCK_H, D0]
+    acc0 = tl.dot(p, k0, acc0 * alpha[:, None], input_precision=DOT_PRECISION)  # [BLOCK_H, D0]
     if QSPLIT:
-        acc1 = tl.dot(p, k1, acc1 * alpha[:, None])  # [BLOCK_H, HALF]
+        acc1 = tl.dot(p, k1, acc1 * alpha[:, None], input_precision=DOT_PRECISION)  # [BLOCK_H, HALF]
     return acc0, acc1, m_new, l_i
 
 
@@ -147,6 +148,7 @@ def _fwd_verify_stage1(
     PAGE_SIZE: tl.constexpr,
     QSPLIT: tl.constexpr,
     SINGLE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 q (no silent tf32), "tf32" (unused) otherwise
 ):
     ROW_BLOCKS: tl.constexpr = (QLEN * NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     # Row blocks vary fastest so the row blocks of one (request, split) run side by side and
@@ -216,7 +218,7 @@ def _fwd_verify_stage1(
         acc0, acc1, m_i, l_i = _attend_block(
             acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, Req_to_Token, req_row, start_n, kv_end,
             row_lim, stride_kpage, stride_ktok, qk_scale,
-            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, False,
+            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, False, DOT_PRECISION,
         )
     # The tail where rows' limits (or the split end) fall: loads bounded by kv_end, scores by
     # each row's limit.
@@ -225,7 +227,7 @@ def _fwd_verify_stage1(
         acc0, acc1, m_i, l_i = _attend_block(
             acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, Req_to_Token, req_row, start_n, kv_end,
             row_lim_split, stride_kpage, stride_ktok, qk_scale,
-            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, True,
+            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, True, DOT_PRECISION,
         )
 
     # Rows that saw no key (lim == 0, or nothing of theirs in this split): o = 0, lse = -inf.

@@ -195,6 +195,7 @@ def decode_attention_fwd_verify(
         PAGE_SIZE=page_size,
         QSPLIT=bool(cfg["QSPLIT"]),
         SINGLE=single,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         **launch_kw,
     )
     if single:
