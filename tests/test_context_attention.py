@@ -160,6 +160,20 @@ def test_split_off_bit_identical_pow2(device, head_dim):
     assert torch.equal(o, o2)
 
 
+TMA_CASES = [(72, False, None), (80, True, None), (256, True, 40), (96, False, 33)]
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
+@pytest.mark.parametrize("head_dim,causal,window", TMA_CASES,
+                         ids=[f"D{d}-{'causal' if c else 'full'}-w{w}" for d, c, w in TMA_CASES])
+def test_tma_and_pointer_loads(device, head_dim, causal, window, tma):
+    """K/V through tensor descriptors (zero-filled past the sequence and the head dim) or pointers."""
+    lens = [1, 45, 70] if INTERP else [1, 45, 3520, 129]
+    with _maybe_small_tiles(), L.launch_overrides(tma=tma):
+        _check(*_pack(lens, 4, 2, head_dim, torch.float16 if INTERP else torch.bfloat16, device),
+               causal, wq=window)
+
+
 @pytest.mark.parametrize("head_dim", [72, 96], ids=["D72", "D96"])
 def test_split_off_non_pow2_still_correct(device, head_dim):
     with _maybe_small_tiles(), L.launch_overrides(split_head_dim=False):

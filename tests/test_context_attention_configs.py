@@ -35,7 +35,8 @@ def _row(arch, head_dim, head_stride=None, causal=False):
     c = launch.config
     split = f"{c['BLOCK_D']}+{c['BLOCK_D_TAIL']}"
     hint = "hint" if c["HEAD_STRIDE_ALIGNED_8"] else "nohint"
-    extra = f" wpe={c['waves_per_eu']}" if "waves_per_eu" in c else ""
+    extra = " tma" if c["USE_TMA"] else ""
+    extra += f" wpe={c['waves_per_eu']}" if "waves_per_eu" in c else ""
     stride = f"/s{head_stride}" if head_stride else ""
     return (f"D{head_dim}{stride}: {split} {hint} BM={c['BLOCK_M']} BN={c['BLOCK_N']} "
             f"nw={c['num_warps']} ns={c['num_stages']}{extra} grid={launch.grid}")
@@ -125,6 +126,14 @@ def test_gfx1151_narrow_tile_needs_the_hint():
     assert "BN=16 nw=4" in _row("gfx1151", 80)
     assert "BN=32 nw=8" in _row("gfx1151", 72, head_stride=76)
     assert "BN=16" not in _row("gfx1151", 96)
+
+
+def test_tma_needs_the_aligned_strides(monkeypatch):
+    from mla_ops.prefill import configs
+
+    monkeypatch.setitem(configs.TABLES, "sm_90", [dict(configs.SM90_FALLBACK[0], tma=True)])
+    assert " tma " in _row("sm_90", 72) + " "
+    assert " tma" not in _row("sm_90", 72, head_stride=76)
 
 
 def test_waves_per_eu_only_on_hip(monkeypatch):

@@ -9,8 +9,9 @@ Conditions (all optional):
 - ``head_dim_max`` / ``head_dim_min``: bounds on the real head dim;
 - ``causal``: the launch is causal.
 
-Launch keys: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, and ``waves_per_eu``
-(HIP only; dropped elsewhere). The sm_90 table is ``tables/sm_90.json``, written by
+Launch keys: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``tma`` (K/V through
+tensor descriptors; taken only where the alignment hint holds, for 16-bit dtypes), and
+``waves_per_eu`` (HIP only; dropped elsewhere). The sm_90 table is ``tables/sm_90.json``, written by
 ``benchmarks/benchmark_vit_prefill_attn.py --sweep`` on an H200: a retune is a data change.
 """
 
@@ -21,7 +22,7 @@ import os
 
 __all__ = ["TABLES", "LAUNCH_KEYS", "table_for", "select", "SM90_TABLE_PATH", "load_table"]
 
-LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu")
+LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "tma")
 
 SM90_TABLE_PATH = os.path.join(os.path.dirname(__file__), "tables", "sm_90.json")
 

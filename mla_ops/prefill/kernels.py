@@ -26,6 +26,7 @@ def _attn_block(
     acc, acc_t, m_i, l_i,
     q, q_t,
     p_k, p_kt, p_v, p_vt,
+    k_desc, kt_desc, v_desc, vt_desc,
     offs_m, offs_n, seq_len,
     start_n, end_n,
     qk_scale, window_q, window_k,
@@ -35,13 +36,17 @@ def _attn_block(
     BLOCK_D: tl.constexpr, BLOCK_D_TAIL: tl.constexpr,
     MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW_Q: tl.constexpr, HAS_WINDOW_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Fold keys ``[start_n, end_n)`` (multiples of BLOCK_N apart) into the running softmax.
 
     ``p_k``/``p_v``: ``[BLOCK_N, BLOCK_D]`` pointers of the block at key 0 of the sequence,
     ``p_kt``/``p_vt`` the same for the tail lanes. ``MASKED`` blocks apply the sequence end,
     causal and window masks; unmasked (interior) blocks are known to be fully visible.
+    With ``USE_TMA`` the tiles come from the tensor descriptors ``k_desc``/``v_desc`` (and
+    ``kt_desc``/``vt_desc`` for the tail lanes) instead
+    (``[seq_len, HEAD_DIM]`` views of this sequence and KV head: the copy engine zero-fills
+    rows past the sequence and lanes past the head dim, so no load needs a mask).
     """
     offs_d = tl.arange(0, BLOCK_D)
     # Lanes past the head dim exist only when the block is wider than what it covers.
@@ -56,7 +61,9 @@ def _attn_block(
         start = tl.multiple_of(start, BLOCK_N)
         n_ok = (start + offs_n) < seq_len  # [BLOCK_N]
         # --- S = Q K^T over the main lanes, then accumulated over the tail lanes
-        if MASKED:
+        if USE_TMA:
+            k = k_desc.load([start, 0])  # [BLOCK_N, BLOCK_D]
+        elif MASKED:
             k = tl.load(p_k + start * stride_kt, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         elif MASK_D:
             k = tl.load(p_k + start * stride_kt, mask=d_ok[None, :], other=0.0)
@@ -64,7 +71,9 @@ def _attn_block(
             k = tl.load(p_k + start * stride_kt)
         qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
         if BLOCK_D_TAIL > 0:
-            if MASKED:
+            if USE_TMA:
+                k_t = kt_desc.load([start, BLOCK_D])  # [BLOCK_N, BLOCK_D_TAIL]
+            elif MASKED:
                 k_t = tl.load(p_kt + start * stride_kt, mask=n_ok[:, None] & dt_ok[None, :], other=0.0)
             elif MASK_DT:
                 k_t = tl.load(p_kt + start * stride_kt, mask=dt_ok[None, :], other=0.0)
@@ -93,7 +102,9 @@ def _attn_block(
         m_i = m_new
 
         # --- O += P V, one accumulator per lane block
-        if MASKED:
+        if USE_TMA:
+            v = v_desc.load([start, 0])  # [BLOCK_N, BLOCK_D]
+        elif MASKED:
             v = tl.load(p_v + start * stride_vt, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         elif MASK_D:
             v = tl.load(p_v + start * stride_vt, mask=d_ok[None, :], other=0.0)
@@ -102,7 +113,9 @@ def _attn_block(
         p_lo = p.to(v.dtype)
         acc = tl.dot(p_lo, v, acc * alpha[:, None])  # [BLOCK_M, BLOCK_D]
         if BLOCK_D_TAIL > 0:
-            if MASKED:
+            if USE_TMA:
+                v_t = vt_desc.load([start, BLOCK_D])  # [BLOCK_N, BLOCK_D_TAIL]
+            elif MASKED:
                 v_t = tl.load(p_vt + start * stride_vt, mask=n_ok[:, None] & dt_ok[None, :], other=0.0)
             elif MASK_DT:
                 v_t = tl.load(p_vt + start * stride_vt, mask=dt_ok[None, :], other=0.0)
@@ -124,7 +137,7 @@ def context_attention_kernel(
     BLOCK_D: tl.constexpr, BLOCK_D_TAIL: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW_Q: tl.constexpr, HAS_WINDOW_K: tl.constexpr,
     HAS_SINKS: tl.constexpr, HEAD_STRIDE_ALIGNED_8: tl.constexpr,
-    NUM_M_BLOCKS_REVERSED: tl.constexpr, NUM_STAGES: tl.constexpr,
+    NUM_M_BLOCKS_REVERSED: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Encoder attention on packed variable-length sequences.
 
@@ -137,6 +150,9 @@ def context_attention_kernel(
     (checked by the launcher on the real strides). Triton only infers divisibility by 16 of
     integer arguments, so at head dim 72 (stride 8 mod 16) it would otherwise assume nothing
     and fall back to scalar loads.
+
+    USE_TMA (Hopper; needs HEAD_STRIDE_ALIGNED_8 and a ``triton.set_allocator`` scratch):
+    K/V tiles through per-program tensor descriptors, loaded by the copy engine.
     """
     pid_m = tl.program_id(0)
     cur_head = tl.program_id(1)
@@ -206,6 +222,27 @@ def context_attention_kernel(
         p_vt = p_v
         acc_t = acc
 
+    if USE_TMA:
+        # [seq_len, HEAD_DIM] views of this sequence's K/V head: out-of-range rows and lanes
+        # read as zero, so neither the sequence end nor the head-dim tail needs a load mask.
+        k_base = K + off_kh + seq_start * stride_kt
+        v_base = V + off_vh + seq_start * stride_vt
+        k_desc = tl.make_tensor_descriptor(k_base, [seq_len, HEAD_DIM], [stride_kt, 1], [BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, [seq_len, HEAD_DIM], [stride_vt, 1], [BLOCK_N, BLOCK_D])
+        if BLOCK_D_TAIL > 0:
+            kt_desc = tl.make_tensor_descriptor(k_base, [seq_len, HEAD_DIM], [stride_kt, 1],
+                                                [BLOCK_N, BLOCK_D_TAIL])
+            vt_desc = tl.make_tensor_descriptor(v_base, [seq_len, HEAD_DIM], [stride_vt, 1],
+                                                [BLOCK_N, BLOCK_D_TAIL])
+        else:
+            kt_desc = k_desc
+            vt_desc = v_desc
+    else:
+        k_desc = p_k
+        kt_desc = p_k
+        v_desc = p_v
+        vt_desc = p_v
+
     if HAS_SINKS:
         # The sink is a null logit in natural-log units, outside the softmax scale: start the
         # running softmax as if one key of logit `sink` had been seen with a zero value.
@@ -238,20 +275,23 @@ def context_attention_kernel(
     mid_hi = tl.minimum(tl.maximum((full_hi // BLOCK_N) * BLOCK_N, mid_lo), hi_blk)
 
     acc, acc_t, m_i, l_i = _attn_block(
-        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, offs_m, offs_n, seq_len,
+        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
+        offs_m, offs_n, seq_len,
         lo, mid_lo, qk_scale, window_q, window_k, stride_kt, stride_vt,
         HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES)
+        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
     acc, acc_t, m_i, l_i = _attn_block(
-        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, offs_m, offs_n, seq_len,
+        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
+        offs_m, offs_n, seq_len,
         mid_lo, mid_hi, qk_scale, window_q, window_k, stride_kt, stride_vt,
         HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-        False, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES)
+        False, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
     acc, acc_t, m_i, l_i = _attn_block(
-        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, offs_m, offs_n, seq_len,
+        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
+        offs_m, offs_n, seq_len,
         mid_hi, hi_blk, qk_scale, window_q, window_k, stride_kt, stride_vt,
         HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES)
+        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
 
     # --- epilogue: every real row saw at least its own key (or the sink), so l_i > 0 there.
     inv_l = 1.0 / tl.where(m_ok, l_i, 1.0)  # [BLOCK_M]; rows past the sequence are not stored

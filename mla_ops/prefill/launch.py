@@ -76,7 +76,7 @@ class Launch:
     def config(self) -> dict:
         """The tuning-relevant part, as the tests' expect tables print it."""
         keys = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_D_TAIL", "HEAD_STRIDE_ALIGNED_8",
-                "num_warps", "num_stages", "waves_per_eu")
+                "USE_TMA", "num_warps", "num_stages", "waves_per_eu")
         return {k: self.kwargs[k] for k in keys if k in self.kwargs}
 
 
@@ -142,6 +142,8 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
         HEAD_STRIDE_ALIGNED_8=aligned,
         NUM_M_BLOCKS_REVERSED=bool(is_causal),
         NUM_STAGES=cfg["num_stages"],
+        # The copy engine needs 16-byte aligned bases and strides: the aligned-8 facts.
+        USE_TMA=bool(cfg.get("tma")) and aligned and q.element_size() <= 2,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if plat.is_hip and cfg.get("waves_per_eu"):
@@ -180,4 +182,25 @@ def context_attention_fwd(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_
         return
     if min(launch.grid) == 0 or q.shape[0] == 0:
         return
+    if launch.kwargs["USE_TMA"]:
+        _ensure_allocator()
     context_attention_kernel[launch.grid](**launch.kwargs)
+
+
+def _tma_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Device-side tensor descriptors need global scratch (128 bytes each per program).
+
+    Taken from PyTorch's caching allocator, which also serves it inside a CUDA graph capture.
+    Installed only when a TMA launch is made and nobody installed one before. Triton keeps the
+    allocator in a ContextVar (per thread), so this is checked at every such launch.
+    """
+    from triton.runtime import _allocation
+
+    holder = _allocation._allocator
+    current_alloc = holder.get() if hasattr(holder, "get") else holder
+    if isinstance(current_alloc, _allocation.NullAllocator):
+        triton.set_allocator(_tma_scratch)
