@@ -157,8 +157,8 @@ def main(argv=None):
             row = run_tower(name, n, args.attn.split(","), not args.eager, args.rep_ms)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if args.json:
-        write_json(args.json, rows)
+            if args.json:  # after every row: a run cut short still leaves what it measured
+                write_json(args.json, rows)
     print_table(rows, ["tower", "images", "mla_ms", "sdpa_ms", "speedup", "mla_ms_per_image",
                        "sdpa_ms_per_image", "rel_err"])
     print(json.dumps({"env": env_info()}))
