@@ -198,9 +198,13 @@ def _ensure_allocator() -> None:
     Installed only when a TMA launch is made and nobody installed one before. Triton keeps the
     allocator in a ContextVar (per thread), so this is checked at every such launch.
     """
-    from triton.runtime import _allocation
+    try:
+        from triton.runtime import _allocation
 
-    holder = _allocation._allocator
-    current_alloc = holder.get() if hasattr(holder, "get") else holder
-    if isinstance(current_alloc, _allocation.NullAllocator):
+        holder = _allocation._allocator
+        current_alloc = holder.get() if hasattr(holder, "get") else holder
+        missing = isinstance(current_alloc, _allocation.NullAllocator)
+    except (ImportError, AttributeError):  # another Triton layout: install ours
+        missing = True
+    if missing:
         triton.set_allocator(_tma_scratch)
