@@ -68,7 +68,7 @@ def _extension() -> tuple[list, dict]:
         EXT_NAME,
         EXT_SOURCES,
         # Shape checks only: optimisation buys nothing and costs build time.
-        extra_compile_args={"cxx": ["-O1"]},
+        extra_compile_args={"cxx": ["-O1", "-g0"]},
     )
     return [ext], {"build_ext": OptionalBuildExtension.with_options(use_ninja=False)}
 
