@@ -519,11 +519,12 @@ _STICKY = ("illegal memory access", "unspecified launch failure", "misaligned ad
            "illegal instruction", "device-side assert", "CUDA error")
 
 
-def compile_spec(case: Case, act: str, splits: int, overrides: dict | None) -> dict:
+def compile_spec(case: Case, act: str, splits: int, overrides: dict | None,
+                 device: str = "cuda") -> dict:
     """Picklable description of one launch variant (what triton specializes on)."""
     return {"H": case.H, "qlen": case.qlen, "L": case.L, "fp8": case.fp8,
             "page_size": case.page_size, "act": act, "splits": splits,
-            "config": dict(overrides or {})}
+            "config": dict(overrides or {}), "device": device}
 
 
 def compile_key(spec: dict) -> tuple:
@@ -542,7 +543,7 @@ def compile_worker(spec: dict) -> tuple[str, str, float]:
     t0 = time.perf_counter()
     try:
         api = load_api()
-        dev = "cuda"
+        dev = spec.get("device", "cuda")
         act = _DTYPES[spec["act"]]
         H, qlen, page = spec["H"], spec["qlen"], spec["page_size"]
         rows = qlen  # batch and the split count are not specialized on: one request suffices
@@ -561,7 +562,8 @@ def compile_worker(spec: dict) -> tuple[str, str, float]:
         kw = {"config": spec["config"]} if spec["config"] else {}
         api.decode_attention_fwd_verify(q, kv, kv[..., :LV], o, lse, rtt, seq, None, qlen, ws,
                                         s, DEFAULT_SM_SCALE, page, k_scale, **kw)
-        torch.cuda.synchronize()
+        if dev == "cuda":
+            torch.cuda.synchronize()
         return "ok", "", time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - reported to the parent
         msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:400]
