@@ -68,6 +68,11 @@ On the H200 (from the repository root; the device machine returns only what is u
     PYTHONPATH=. python benchmarks/sweep_decode_verify.py --resume sweep_log.json \
         --write $OUT/sm_90.json --log $OUT/sweep_log.json
 
+Compiles dominate: the full space is about 300 distinct kernel variants plus a few hundred timed
+runs, likely more than one 240 s budget; ``--quick`` (M1–M7 only, a smaller space) is about a
+third of that. Either way each stage's table is written as soon as it is measured, and a run cut
+by the budget says so (``sweep.complete: false`` in the table) and continues with ``--resume``.
+
 On a CPU, ``--interpret`` sweeps a tiny space on a tiny shape through the Triton interpreter
 (no table is written unless ``--write`` is given).
 """
@@ -122,12 +127,22 @@ class Space:
     S2_BLOCK_S: tuple = (4, 8, 16, 32)
     s2_num_warps: tuple = (1, 2, 4, 8)
     split_factors: tuple = (0.5, 2, 4)  # around verify_num_kv_splits (plus 1 split)
+    pipeline_top: int = 2  # tiles of each tile point whose stages / QSPLIT are explored
     grid_candidates: int = 3  # best configs of the nearest tile points tried per grid point
+    anchors_only: bool = False  # tile points: M1–M7 only
+
+
+# About a third of the full sweep's compiles: fits one 240 s budget more surely.
+QUICK_SPACE = Space(BLOCK_H=(32, 64), BLOCK_N=(32, 64), num_warps=(4, 8), num_stages=(2, 3, 4),
+                    QSPLIT=(0, 1), MIN_SPLIT_LEN=(128, 256, 512), S2_BLOCK_S=(8, 16),
+                    s2_num_warps=(2, 4), split_factors=(0.5, 2), pipeline_top=1,
+                    grid_candidates=2, anchors_only=True)
 
 
 INTERPRET_SPACE = Space(BLOCK_H=(16, 32), BLOCK_N=(16,), num_warps=(4,), num_stages=(1, 2),
                         QSPLIT=(0, 1), MIN_SPLIT_LEN=(16, 64), S2_BLOCK_S=(2, 8),
-                        s2_num_warps=(4,), split_factors=(2,), grid_candidates=1)
+                        s2_num_warps=(4,), split_factors=(2,), pipeline_top=2,
+                        grid_candidates=1)
 
 STAGES = ("default", "tile", "pipeline", "splitlen", "s2block", "s2warps", "splits", "grid")
 
@@ -151,10 +166,11 @@ def grid_points(heads=GRID_HEADS, qlens=GRID_QLENS, bl=GRID_BL, caches=(False, T
     return pts
 
 
-def tile_points(grid: list[Case]) -> list[Case]:
+def tile_points(grid: list[Case], anchors_only: bool = False) -> list[Case]:
     """The grid's ANCHORS shapes plus ``EXTRA_TILE_POINTS``; the whole grid if it has none."""
     page = grid[0].page_size if grid else bench.DEFAULT_PAGE_SIZE
-    extra = {point_key(dataclasses.replace(c, page_size=page)) for c in EXTRA_TILE_POINTS}
+    extra = set() if anchors_only else {
+        point_key(dataclasses.replace(c, page_size=page)) for c in EXTRA_TILE_POINTS}
     pts = [p for p in grid if p.name or point_key(p) in extra]
     return pts or list(grid)
 
@@ -256,7 +272,7 @@ def plan_stage(stage: str, tiles: list[Case], grid: list[Case], res: Results,
             for bh, bn, nw in itertools.product(space.BLOCK_H, space.BLOCK_N, space.num_warps):
                 add(p, {**defaults(p), "BLOCK_H": bh, "BLOCK_N": bn, "num_warps": nw})
         elif stage == "pipeline":
-            for c in res.top(pk, 2):
+            for c in res.top(pk, space.pipeline_top):
                 for ns, qs in itertools.product(space.num_stages, space.QSPLIT):
                     add(p, {**c, "num_stages": ns, "QSPLIT": qs})
         elif best and stage in ("splitlen", "s2block", "s2warps", "splits"):
@@ -592,7 +608,14 @@ class Runner:
         if not specs:
             return
         t0 = time.monotonic()
-        done = self.pool.run(specs, deadline=time.monotonic() + max(0.0, self.budget.left() - 5))
+        try:
+            done = self.pool.run(specs, deadline=time.monotonic() + max(0.0, self.budget.left() - 5))
+        except Exception as e:  # noqa: BLE001 - no worker processes: compile here instead
+            print(f"    WARNING: the compile processes failed ({type(e).__name__}: {e}); compiling "
+                  "in this process from now on (a crashing config would end the sweep)", flush=True)
+            self.pool.close()
+            self.pool = None
+            return
         self.compiled.update(done)
         bad = sum(1 for v in done.values() if v[0] != "ok")
         print(f"    compiled {len(done)}/{len({bench.compile_key(s) for s in specs})} variants in "
@@ -682,17 +705,21 @@ class Runner:
             return 0
         print(f"  stage {stage}: {len(tasks)} runs ({self.budget.left():.0f} s left)", flush=True)
         self.precompile(tasks)
-        n = 0
+        n = lost = 0
         for t in tasks:
             if self.budget.left() <= 0:
                 self.out_of_time = True
                 break
             rec = self.measure(t, stage)
-            if not rec:
-                self.out_of_time = True
+            if not rec:  # its variant was not compiled: budget, or a worker lost it
+                lost += 1
                 continue
             self.res.add(rec)
             n += 1
+        if lost:
+            self.out_of_time = True
+            print(f"    {lost} runs skipped: their variants were not compiled in time "
+                  "(or their compile process died); --resume retries them", flush=True)
         self.log_fn()
         return n
 
@@ -739,6 +766,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-replays", type=int, default=100)
     p.add_argument("--target-ms", type=float, default=20.0, help="replay time per timing")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="a smaller space (tile points M1-M7 only, fewer tiles, stages, split "
+                   "lengths; one tile per point explored further): about a third of the compiles")
     p.add_argument("--interpret", action="store_true",
                    help="CPU smoke run through the Triton interpreter: tiny shape and space")
     return p
@@ -801,10 +831,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     arch = platform.current().arch
     env = env_info()
-    space = INTERPRET_SPACE if args.interpret else Space()
+    space = INTERPRET_SPACE if args.interpret else QUICK_SPACE if args.quick else Space()
     grid = grid_points(args.heads, args.qlen, args.bl_pairs,
                        tuple(c == "fp8" for c in args.cache), args.page_size)
-    tiles = tile_points(grid)
+    tiles = tile_points(grid, space.anchors_only)
     write_path = args.write
     if write_path is None and not args.interpret:
         write_path = str(TABLE_DIR / f"{arch}.json")

@@ -262,7 +262,7 @@ def _script(name, *argv, env=None):
                                     "--num-warps", "--num-stages", "--qsplit", "--min-split-len",
                                     "--json", "--check", "--interpret"]),
     ("sweep_decode_verify.py", ["--budget-s", "--write", "--log", "--resume", "--jobs",
-                                "--interpret"]),
+                                "--quick", "--stages", "--interpret"]),
 ])
 def test_help_works_on_cpu(name, flags):
     out = _script(name, "--help")
@@ -303,6 +303,8 @@ def test_grid_is_the_issue_grid_with_every_anchor_shape():
     assert sorted(p.name for p in grid if p.name) == list(ANCHORS)
     tiles = sweep.tile_points(grid)
     assert {p.name for p in tiles if p.name} == set(ANCHORS) and len(tiles) == 9
+    quick = sweep.tile_points(grid, sweep.QUICK_SPACE.anchors_only)
+    assert sorted(p.name for p in quick) == list(ANCHORS)
 
 
 def test_parse_groups():
@@ -362,6 +364,16 @@ def test_planning_follows_the_stages():
         assert _defaults(p) in cfgs and 1 < len(cfgs) <= 1 + space.grid_candidates
         # the nearest tile points' winners: same heads group, so BLOCK_N 16 / 4 warps / 4 stages
         assert all(c["num_stages"] == 4 for c in cfgs if c != _defaults(p))
+
+
+def test_quick_space_plans_fewer_runs():
+    grid = sweep.grid_points()
+    full = sweep.plan_stage("tile", sweep.tile_points(grid), grid, sweep.Results(), _defaults,
+                            _splits_of, sweep.Space(), 132, GROUPS_H)
+    q = sweep.QUICK_SPACE
+    quick = sweep.plan_stage("tile", sweep.tile_points(grid, q.anchors_only), grid,
+                             sweep.Results(), _defaults, _splits_of, q, 132, GROUPS_H)
+    assert len(full) == 9 * 18 and len(quick) == 7 * 8
 
 
 def test_choose_config_minimises_the_geometric_mean_ratio():
