@@ -237,6 +237,12 @@ def test_bad_input_names_the_argument(device, exc, name, changes):
         torch.ops.mla.decode_verify(*args.values())
 
 
+def test_mixed_devices_rejected(device):
+    args = _bad(device, seq_lens=lambda a: a["seq_lens"].to("meta"))
+    with pytest.raises(ValueError, match="seq_lens:"):
+        decode_attention_fwd_verify(*args.values())
+
+
 def test_unknown_config_key_rejected(device):
     case = make_case(device, batch=1, heads=4, qlen=2, lens=(5,), page=16)
     with pytest.raises(ValueError, match="config"):
