@@ -427,6 +427,7 @@ namespace mla_meta {
 namespace {
 
 constexpr const char* kOps[] = {"decode_verify", "warmup_decode_verify", "context_attention"};
+constexpr const char* kMutatingOps[] = {"decode_verify", "context_attention"};
 
 // Keep identical to mla_ops.library.SCHEMAS; custom_op tags its ops pt2_compliant_tag, so do we.
 void define_schemas(torch::Library& m) {
@@ -461,8 +462,9 @@ void impl_autograd(torch::Library& m) {
   }
 }
 
+// Only the ops that write an argument, as custom_op registers it.
 void impl_ad_inplace_or_view(torch::Library& m) {
-  for (const char* name : kOps) {
+  for (const char* name : kMutatingOps) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&bump_mutated_versions>());
   }
 }
