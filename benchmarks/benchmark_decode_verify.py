@@ -536,14 +536,21 @@ def compile_key(spec: dict) -> tuple:
 def compile_worker(spec: dict) -> tuple[str, str, float]:
     """Run one launch variant on scratch tensors (one page, page 0 everywhere): ``(status,
     message, seconds)`` with status ``ok``, ``error`` (compile/launch refused: shared memory,
-    bad config), ``crash`` (this process's CUDA context is gone) or ``retry``."""
+    bad config), ``crash`` (this process's CUDA context is gone), ``retry`` (an earlier spec
+    crashed this process) or ``unavailable`` (this process cannot use the device at all)."""
     global _WORKER_POISON
     if _WORKER_POISON is not None:
         return "retry", _WORKER_POISON, 0.0
     t0 = time.perf_counter()
+    dev = spec.get("device", "cuda")
+    try:  # a process that cannot use the device at all says so, and blames no config
+        torch.zeros(1, device=dev).add_(1)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        return "unavailable", f"{type(e).__name__}: {e}"[:400], 0.0
     try:
         api = load_api()
-        dev = spec.get("device", "cuda")
         act = _DTYPES[spec["act"]]
         H, qlen, page = spec["H"], spec["qlen"], spec["page_size"]
         rows = qlen  # batch and the split count are not specialized on: one request suffices
@@ -592,7 +599,8 @@ class CompilePool:
     def run(self, specs: list[dict], deadline: float | None = None) -> dict[tuple, tuple]:
         """``compile_key -> (status, message, seconds)`` for the specs done before ``deadline``
         (``time.monotonic()``); a worker that lost its context hands its specs back for the
-        next round (three rounds at most)."""
+        next round (three rounds at most). Raises RuntimeError if the workers cannot use the
+        device at all (e.g. an exclusive-process GPU): compile in this process then."""
         import concurrent.futures
 
         todo = {}
@@ -613,6 +621,8 @@ class CompilePool:
                         res = fut.result()
                     except Exception as e:  # noqa: BLE001 - a dead worker process
                         res = ("retry", f"{type(e).__name__}: {e}", 0.0)
+                    if res[0] == "unavailable":
+                        raise RuntimeError(f"a compile process cannot use the device: {res[1]}")
                     if res[0] == "retry":
                         retry[k] = todo[k]
                     else:

@@ -490,9 +490,12 @@ def test_compile_pool_reports_good_and_refused_variants():
     pool = bench.CompilePool(2)
     try:
         out = pool.run([good, bad, dict(good)])
+        assert len(out) == 2
+        assert out[bench.compile_key(good)][0] == "ok", out
+        st, msg, _ = out[bench.compile_key(bad)]
+        assert st == "error" and "NOT_A_KEY" in msg
+        # workers that cannot reach the device blame no config: the caller compiles itself
+        with pytest.raises(RuntimeError, match="cannot use the device"):
+            pool.run([bench.compile_spec(c, "fp16", 1, {"BLOCK_N": 32}, device="cuda")])
     finally:
         pool.close()
-    assert len(out) == 2
-    assert out[bench.compile_key(good)][0] == "ok", out
-    st, msg, _ = out[bench.compile_key(bad)]
-    assert st == "error" and "NOT_A_KEY" in msg
