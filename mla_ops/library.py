@@ -22,6 +22,7 @@ same; :data:`EXTENSION` says which side defined them.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import Callable, Optional
 
@@ -206,6 +207,17 @@ def _no_kernel(name: str) -> Callable:
     return kernel
 
 
+def _override(lib: torch.library.Library, name: str, kernel: Callable, key: str) -> None:
+    """``lib.impl`` over a kernel another Python Library registered (custom_op's own)."""
+    if "allow_override" in inspect.signature(lib.impl).parameters:
+        # torch 2.8 to 2.12 refuse by default; 2.13 allows by default.
+        lib.impl(name, kernel, key, with_keyset=True, allow_override=True)
+    else:
+        # torch < 2.8 always refuses, by this record alone; the dispatcher itself allows it.
+        torch.library._impls.discard(f"{LIB}/{name}/{key}")
+        lib.impl(name, kernel, key, with_keyset=True)
+
+
 # Keeps the Python registrations alive (a Library deregisters them when collected).
 _LIBS: list[torch.library.Library] = []
 
@@ -224,9 +236,7 @@ def _define_in_python() -> dict[str, Callable]:
             op.register_kernel(key.lower())(kernel)
         # Replace custom_op's generated Autograd kernel, which would run the op with grad on
         # and leave its outputs silently detached, by the one the C++ library registers.
-        autograd_lib.impl(
-            name, _inference_only_kernel(op._opoverload), "Autograd", with_keyset=True
-        )
+        _override(autograd_lib, name, _inference_only_kernel(op._opoverload), "Autograd")
         ops[name] = op
     return ops
 
