@@ -569,6 +569,51 @@ def test_both_modes_agree(this_process, pure_python):
     assert differ == {"extension"}
 
 
+# Library.impl as older torch has it: 2.8 to 2.12 refuse to override another Python Library's
+# kernel unless allow_override=True; before 2.8 there is no switch.
+OLDER_LIBRARY_IMPL = {
+    "torch-2.8-to-2.12": textwrap.dedent("""
+        def impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, allow_override=False):
+            return orig(self, op_name, fn, dispatch_key, with_keyset=with_keyset,
+                        allow_override=allow_override)
+    """),
+    "torch-before-2.8": textwrap.dedent("""
+        def impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, **torch_internal):
+            name = op_name if isinstance(op_name, str) else op_name.name()
+            key = f"{self.ns}/{name.split('::')[-1]}/{dispatch_key}"
+            if key in torch.library._impls and not torch_internal.get("allow_override"):
+                raise RuntimeError("This is not allowed since there's already a kernel "
+                                   "registered from python overriding")
+            return orig(self, op_name, fn, dispatch_key, with_keyset=with_keyset,
+                        allow_override=True)
+    """),
+}
+
+
+@pytest.mark.parametrize("torch_version", list(OLDER_LIBRARY_IMPL))
+def test_pure_python_mode_imports_with_older_library_impl(torch_version):
+    """custom_op's Autograd kernel is replaced on every torch the package supports."""
+    code = "\n".join([
+        "import json, torch",
+        "orig = torch.library.Library.impl",
+        OLDER_LIBRARY_IMPL[torch_version],
+        "torch.library.Library.impl = impl",
+        "import mla_ops",
+        "q = torch.randn(4, 2, 16, requires_grad=True)",
+        "i32 = torch.int32",
+        "try:",
+        "    torch.ops.mla.context_attention(q, q, q, torch.empty(4, 2, 16),",
+        "        torch.tensor([0], dtype=i32), torch.tensor([4], dtype=i32), 4)",
+        "    err = None",
+        "except RuntimeError as e:",
+        "    err = str(e)",
+        "print(json.dumps({'extension': mla_ops.library.EXTENSION, 'error': err}))",
+    ])
+    out = _run(code, env={"MLA_OPS_NO_EXT": "1"})
+    assert out["extension"] is None
+    assert out["error"].startswith("mla::context_attention is inference-only")
+
+
 # --- setup.py -------------------------------------------------------------------------------
 
 
