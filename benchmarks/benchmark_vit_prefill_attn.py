@@ -228,7 +228,7 @@ def sweep(args):
         "about": "sm_90 launch table written by benchmarks/benchmark_vit_prefill_attn.py --sweep "
                  f"(B={batch} S={seq} H={heads} bf16 non-causal, do_bench medians)",
         "env": env_info(),
-        "rules": [configs.SM90_FALLBACK[0]] + [r for r in configs.SM90_FALLBACK[1:]] + best_rules,
+        "rules": list(configs.SM90_FALLBACK) + best_rules,
         "measurements": results,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.table_out)), exist_ok=True)

@@ -36,6 +36,7 @@ def _row(arch, head_dim, head_stride=None, causal=False):
     split = f"{c['BLOCK_D']}+{c['BLOCK_D_TAIL']}"
     hint = "hint" if c["HEAD_STRIDE_ALIGNED_8"] else "nohint"
     extra = " tma" if c["USE_TMA"] else ""
+    extra += " copied" if launch.copied else ""
     extra += f" wpe={c['waves_per_eu']}" if "waves_per_eu" in c else ""
     stride = f"/s{head_stride}" if head_stride else ""
     return (f"D{head_dim}{stride}: {split} {hint} BM={c['BLOCK_M']} BN={c['BLOCK_N']} "
@@ -83,28 +84,28 @@ D72/s80: 64+16 hint BM=128 BN=16 nw=4 ns=1 grid=(28, 16, 1)""")
     def test_sm_90(self):
         self.assertExpectedInline(_table("sm_90"), """\
 D64: 64+0 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D72: 64+16 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D80: 64+16 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D88: 64+32 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D96: 64+32 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D112: 128+0 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D128: 128+0 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D256: 256+0 hint BM=128 BN=32 nw=8 ns=2 grid=(28, 16, 1)
-D72/s76: 64+16 nohint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D72/s80: 64+16 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)""")
+D72: 64+16 hint BM=128 BN=64 nw=8 ns=3 tma grid=(28, 16, 1)
+D80: 64+16 hint BM=128 BN=64 nw=8 ns=3 tma grid=(28, 16, 1)
+D88: 64+32 hint BM=128 BN=64 nw=4 ns=3 tma grid=(28, 16, 1)
+D96: 64+32 hint BM=128 BN=64 nw=4 ns=3 tma grid=(28, 16, 1)
+D112: 128+0 hint BM=64 BN=64 nw=4 ns=3 tma grid=(55, 16, 1)
+D128: 128+0 hint BM=64 BN=64 nw=4 ns=3 tma grid=(55, 16, 1)
+D256: 256+0 hint BM=128 BN=32 nw=8 ns=3 tma grid=(28, 16, 1)
+D72/s76: 64+16 hint BM=128 BN=64 nw=8 ns=3 tma copied grid=(28, 16, 1)
+D72/s80: 64+16 hint BM=128 BN=64 nw=8 ns=3 tma grid=(28, 16, 1)""")
 
     def test_sm_90_causal(self):
         self.assertExpectedInline(_table("sm_90", causal=True), """\
 D64: 64+0 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D72: 64+16 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D80: 64+16 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D88: 64+32 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D96: 64+32 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D112: 128+0 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D128: 128+0 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D256: 256+0 hint BM=128 BN=32 nw=8 ns=2 grid=(28, 16, 1)
-D72/s76: 64+16 nohint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)
-D72/s80: 64+16 hint BM=128 BN=64 nw=8 ns=3 grid=(28, 16, 1)""")
+D72: 64+16 hint BM=128 BN=64 nw=8 ns=3 tma grid=(28, 16, 1)
+D80: 64+16 hint BM=128 BN=64 nw=8 ns=3 tma grid=(28, 16, 1)
+D88: 64+32 hint BM=128 BN=64 nw=4 ns=3 tma grid=(28, 16, 1)
+D96: 64+32 hint BM=128 BN=64 nw=4 ns=3 tma grid=(28, 16, 1)
+D112: 128+0 hint BM=64 BN=64 nw=4 ns=3 tma grid=(55, 16, 1)
+D128: 128+0 hint BM=64 BN=64 nw=4 ns=3 tma grid=(55, 16, 1)
+D256: 256+0 hint BM=128 BN=32 nw=8 ns=3 tma grid=(28, 16, 1)
+D72/s76: 64+16 hint BM=128 BN=64 nw=8 ns=3 tma copied grid=(28, 16, 1)
+D72/s80: 64+16 hint BM=128 BN=64 nw=8 ns=3 tma grid=(28, 16, 1)""")
 
     def test_generic(self):
         self.assertExpectedInline(_table("sm_80"), """\
@@ -131,9 +132,18 @@ def test_gfx1151_narrow_tile_needs_the_hint():
 def test_tma_needs_the_aligned_strides(monkeypatch):
     from mla_ops.prefill import configs
 
-    monkeypatch.setitem(configs.TABLES, "sm_90", [dict(configs.SM90_FALLBACK[0], tma=True)])
+    monkeypatch.setitem(configs.TABLES, "sm_90",
+                        [dict(configs.SM90_FALLBACK[0], tma=True, unaligned_copy=False)])
     assert " tma " in _row("sm_90", 72) + " "
     assert " tma" not in _row("sm_90", 72, head_stride=76)
+
+
+def test_unaligned_views_copied_where_the_table_says():
+    """sm_90 runs odd-stride views on aligned copies; gfx1151 keeps the hint-less kernel."""
+    assert "nohint" not in _row("sm_90", 72, head_stride=76)
+    assert "copied" in _row("sm_90", 72, head_stride=76)
+    assert "copied" not in _row("sm_90", 72, head_stride=80)
+    assert "copied" not in _row("gfx1151", 72, head_stride=76)
 
 
 def test_waves_per_eu_only_on_hip(monkeypatch):

@@ -9,6 +9,10 @@ Conditions (all optional):
 - ``head_dim_max`` / ``head_dim_min``: bounds on the real head dim;
 - ``causal``: the launch is causal.
 
+Base-rule-only key: ``unaligned_copy`` — views whose token/head strides are not multiples of 8
+elements run on aligned copies instead of the hint-less kernel (sm_90: Triton 3.6 miscompiled
+that kernel on the H200, see benchmarks/results/h200/README_prefill.md).
+
 Launch keys: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``tma`` (K/V through
 tensor descriptors; taken only where the alignment hint holds, for 16-bit dtypes), and
 ``waves_per_eu`` (HIP only; dropped elsewhere). The sm_90 table is ``tables/sm_90.json``, written by
@@ -49,7 +53,7 @@ GFX1151 = [
 # Used until a sweep has written tables/sm_90.json: wgmma wants 64 rows per warpgroup, so
 # 128-row blocks on 8 warps, 64-key tiles, 3 stages of cp.async.
 SM90_FALLBACK = [
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "unaligned_copy": True},
     {"match": {"head_dim_min": 129}, "BLOCK_N": 32, "num_stages": 2},
 ]
 

@@ -71,6 +71,7 @@ class Launch:
 
     grid: tuple[int, int, int]
     kwargs: dict
+    copied: bool = False  # q/k/v/o were unaligned views, run on aligned copies
 
     @property
     def config(self) -> dict:
@@ -152,6 +153,23 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
     return Launch(grid=grid, kwargs=kwargs)
 
 
+def _aligned_view(t: torch.Tensor, init: bool = True) -> torch.Tensor:
+    """A copy of ``t`` ``[T, H, D]`` in a buffer whose head stride is D rounded up to 8."""
+    total, heads, head_dim = t.shape
+    buf = torch.empty(total, heads, -(-head_dim // 8) * 8, dtype=t.dtype, device=t.device)
+    view = buf[..., :head_dim]
+    if init:
+        view.copy_(t)
+    return view
+
+
+def _needs_unaligned_copy(q, k, v, o) -> bool:
+    """The arch's table asks for aligned copies of views the alignment hint cannot cover."""
+    if head_stride_aligned_8(q, k, v, o) or _overrides.get("aligned", True) is False:
+        return False
+    return bool(configs.table_for(current().arch)[0].get("unaligned_copy", False))
+
+
 def context_attention_fwd(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=True,
                           softmax_scale=None, sliding_window_q=None, sliding_window_k=None,
                           sinks=None) -> None:
@@ -175,8 +193,17 @@ def context_attention_fwd(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_
     if softmax_scale is not None and not softmax_scale > 0:
         # The unmasked interior folds the scale into max(qk) * scale, true only for scale > 0.
         raise ValueError(f"softmax_scale: expected a positive float, got {softmax_scale}")
+    o_user = None
+    if _needs_unaligned_copy(q, k, v, o):
+        # sm_90 with Triton 3.6: the kernel without the alignment hint (scalar loads, no
+        # cp.async pipelining) computed wrong tail lanes and once faulted on the H200, so views
+        # whose strides are not multiples of 8 run on aligned copies instead. o is copied in
+        # too, so rows outside every sequence come back unchanged.
+        o_user = o
+        q, k, v, o = (_aligned_view(t) for t in (q, k, v, o))
     launch = build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal,
                           softmax_scale, sliding_window_q, sliding_window_k, sinks)
+    launch.copied = o_user is not None
     if _capture is not None:
         _capture.append(launch)
         return
@@ -185,6 +212,8 @@ def context_attention_fwd(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_
     if launch.kwargs["USE_TMA"]:
         _ensure_allocator()
     context_attention_kernel[launch.grid](**launch.kwargs)
+    if o_user is not None:
+        o_user.copy_(o)
 
 
 def _tma_scratch(size: int, alignment: int, stream):
