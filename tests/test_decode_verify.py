@@ -27,6 +27,14 @@ SM_SCALE = 0.1352
 # Small splits so that short interpreter sequences still cut into several splits.
 SMALL_SPLITS = {"BLOCK_N": 16, "SPLIT_ALIGN": 16, "MIN_SPLIT_LEN": 16}
 FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+# The swap-AB variant (rows = the MMA's N) at the tile shapes Hopper would run it with; laid
+# over a case's own config, so small-split cases keep their small splits (and then have KV
+# blocks straddling split ends: masked tails).
+SWAP = {
+    "swap-h32": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 32, "num_warps": 4},
+    "swap-h16": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 16, "num_warps": 4},
+    "swap-h64": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 4},
+}
 
 
 @dataclasses.dataclass
@@ -149,16 +157,21 @@ SMALL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("variant", ["plain", *SWAP])
 @pytest.mark.parametrize("kw,splits,config", [c[1:] for c in SMALL_CASES],
                          ids=[c[0] for c in SMALL_CASES])
-def test_matches_reference(device, kw, splits, config):
+def test_matches_reference(device, kw, splits, config, variant):
     case = make_case(device, **kw)
+    if variant != "plain":
+        config = {**(config or {}), **SWAP[variant]}
     o, lse = case.run(splits, config)
     assert_matches(case, o, lse, kw.get("cache_dtype"))
 
 
-@pytest.mark.parametrize("config", [None, SMALL_SPLITS, {**SMALL_SPLITS, "QSPLIT": 1, "BLOCK_H": 16}],
-                         ids=["table", "small-splits", "qsplit-h16"])
+@pytest.mark.parametrize("config", [None, SMALL_SPLITS, {**SMALL_SPLITS, "QSPLIT": 1, "BLOCK_H": 16},
+                                    {**SMALL_SPLITS, **SWAP["swap-h32"]},
+                                    {**SMALL_SPLITS, **SWAP["swap-h16"], "BLOCK_N": 32, "QSPLIT": 1}],
+                         ids=["table", "small-splits", "qsplit-h16", "swap-h32", "swap-qsplit-h16"])
 def test_split_caps_agree(device, config):
     """Every split cap gives the reference's answer (and each other's)."""
     case = make_case(device, batch=2, heads=4, qlen=3, lens=(23, 150), page=16,
@@ -282,6 +295,18 @@ GPU_PARAMS = [
     for name, kw, splits, dts in GPU_SHAPES
     for dt in dts
 ]
+# Swap-AB at Hopper tile shapes (4 warps: one warpgroup, wgmma M = BLOCK_N for the scores and
+# M = Lv for P @ V); the 64-row tile on 8 warps for H=128.
+GPU_SWAP = {
+    "swap-h32": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 32, "num_warps": 4, "num_stages": 2},
+    "swap-h64": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2},
+}
+GPU_SWAP_PARAMS = [
+    pytest.param(kw, splits, dt, GPU_SWAP[sw], id=f"{name}-{dt}-{sw}")
+    for name, kw, splits, dts in GPU_SHAPES
+    for dt in dts if dt in ("bf16", "fp8")
+    for sw in (("swap-h64",) if kw["heads"] >= 64 else ("swap-h32",))
+]
 
 
 @pytest.mark.gpu
@@ -294,14 +319,24 @@ def test_gpu_matches_reference(device, kw, splits, dtype_name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kw,splits,dtype_name,config", GPU_SWAP_PARAMS)
+def test_gpu_swap_ab_matches_reference(device, kw, splits, dtype_name, config):
+    dtype, cache_dtype = GPU_DTYPES[dtype_name]
+    case = make_case(device, Lv=512, rope=64, dtype=dtype, cache_dtype=cache_dtype, **kw)
+    o, lse = case.run(splits, config)
+    assert_matches(case, o, lse, cache_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, GPU_SWAP["swap-h32"]], ids=["table", "swap-h32"])
 @pytest.mark.parametrize("qlen", [1, 4])
-def test_gpu_every_split_cap_agrees(device, qlen):
+def test_gpu_every_split_cap_agrees(device, qlen, config):
     case = make_case(device, batch=3, heads=16, qlen=qlen, lens=(7, 2500, 9000), real=(7, 2500, 8000),
                      page=64, Lv=512, rope=64, dtype=torch.bfloat16)
-    o1, lse1 = case.run(1)
+    o1, lse1 = case.run(1, config)
     assert_matches(case, o1, lse1)
     for splits in range(2, 17):
-        o, lse = case.run(splits)
+        o, lse = case.run(splits, config)
         torch.testing.assert_close(lse, lse1, atol=1e-3, rtol=1e-4)
         torch.testing.assert_close(o, o1, atol=2e-2, rtol=2e-2)
 

@@ -15,6 +15,9 @@ Config keys:
 - ``BLOCK_H``: rows (verify token, head) per stage-1 program; ``BLOCK_N``: KV tokens per tile.
 - ``num_warps`` / ``num_stages``: stage-1 launch; ``QSPLIT``: split the ``Lv``-wide part of Q,
   K and the accumulator into two halves (two narrower dots).
+- ``SWAP_AB``: compute the transposed problem (``S^T = K Q^T``, ``O^T = V^T P^T``) so that the
+  tile's rows are the MMA's N instead of its M: on Hopper, wgmma's M is 64 per warpgroup while
+  N is any multiple of 8, so a 32-row tile (H=16, qlen=2) pads no MMA. Combines with QSPLIT.
 - ``SPLIT_ALIGN`` / ``MIN_SPLIT_LEN``: a request of length L is cut into chunks of
   ``max(cdiv(L, splits), MIN_SPLIT_LEN)`` rounded up to ``SPLIT_ALIGN``.
 - ``S2_BLOCK_S`` / ``s2_num_warps``: splits per step and warps of the stage-2 merge.
@@ -50,6 +53,7 @@ VERIFY_DEFAULT_CONFIG: dict[str, Any] = {
     "num_warps": 4,
     "num_stages": 2,
     "QSPLIT": 0,
+    "SWAP_AB": 0,
     "SPLIT_ALIGN": 64,
     "MIN_SPLIT_LEN": 256,
     "S2_BLOCK_S": 8,

@@ -43,6 +43,32 @@ def _kv_offsets(
 
 
 @triton.jit
+def _score_dot(q, k, acc, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Scores of rows q against keys k, added to acc (None: none).
+
+    Plain: ``q [BLOCK_H, D] @ k^T -> [BLOCK_H, BLOCK_N]``. SWAP_AB: q comes in transposed
+    (``[D, BLOCK_H]``) and ``k [BLOCK_N, D] @ q -> [BLOCK_N, BLOCK_H]``, so that the tile's few
+    rows are the MMA's N (any multiple of 8 on Hopper's wgmma) instead of its M (64 per
+    warpgroup), and A is the K tile as loaded (K-major).
+    """
+    if SWAP_AB:
+        return tl.dot(k, q, acc, input_precision=DOT_PRECISION)
+    else:
+        return tl.dot(q, tl.trans(k), acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _value_dot(p, v, acc, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``acc + P @ V``: plain ``p [BLOCK_H, BLOCK_N] @ v -> [BLOCK_H, D]``; SWAP_AB the transposed
+    ``v^T @ p [BLOCK_N, BLOCK_H] -> [D, BLOCK_H]``: M = D, A = the K tile read transposed
+    (MN-major, which 16-bit wgmma takes from shared memory), B = p."""
+    if SWAP_AB:
+        return tl.dot(tl.trans(v), p, acc, input_precision=DOT_PRECISION)
+    else:
+        return tl.dot(p, v, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _attend_block(
     acc0, acc1, m_i, l_i,
     q0, q1, q_pe,
@@ -50,13 +76,18 @@ def _attend_block(
     stride_kpage, stride_ktok, qk_scale,
     BLOCK_N: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DPE: tl.constexpr,
     PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, QSPLIT: tl.constexpr, MASKED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
     """One KV block ``[start_n, start_n + BLOCK_N)`` for all rows of the tile (online softmax).
 
     MASKED=False is only used for blocks entirely below every row's limit and the split end,
     so neither the loads nor the scores need a mask there.
+
+    SWAP_AB: the transposed problem (see ``_score_dot``). q0 / q1 / q_pe are ``[D, BLOCK_H]``,
+    acc0 / acc1 ``[D, BLOCK_H]``, the scores ``[BLOCK_N, BLOCK_H]``; the key axis, along which
+    the softmax reduces, is axis 0 instead of 1. Everything else is shared.
     """
+    KEY_AX: tl.constexpr = 1 - SWAP_AB  # axis of the scores along which keys run
     offs_n = start_n + tl.arange(0, BLOCK_N)
     load_mask = offs_n < kv_end  # [BLOCK_N]
     kv_off = _kv_offsets(Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage,
@@ -72,7 +103,7 @@ def _attend_block(
     else:
         k0 = tl.load(p_k0)
     k0 = k0.to(q0.dtype)  # an fp8 cache is converted in registers
-    qk = tl.dot(q0, tl.trans(k0), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N] fp32
+    qk = _score_dot(q0, k0, None, SWAP_AB, DOT_PRECISION)  # [BLOCK_H, BLOCK_N] fp32 (SWAP_AB: transposed)
     if QSPLIT:
         p_k1 = p_k0 + HALF
         if MASKED:
@@ -80,7 +111,7 @@ def _attend_block(
         else:
             k1 = tl.load(p_k1)
         k1 = k1.to(q0.dtype)
-        qk = tl.dot(q1, tl.trans(k1), qk, input_precision=DOT_PRECISION)
+        qk = _score_dot(q1, k1, qk, SWAP_AB, DOT_PRECISION)
     if BLOCK_DPE > 0:
         offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
         p_kpe = K_Buffer + kv_off[:, None] + offs_dpe[None, :]
@@ -88,25 +119,27 @@ def _attend_block(
             k_pe = tl.load(p_kpe, mask=load_mask[:, None], other=0.0)  # [BLOCK_N, BLOCK_DPE]
         else:
             k_pe = tl.load(p_kpe)
-        qk = tl.dot(q_pe, tl.trans(k_pe.to(q0.dtype)), qk, input_precision=DOT_PRECISION)
+        qk = _score_dot(q_pe, k_pe.to(q0.dtype), qk, SWAP_AB, DOT_PRECISION)
     qk = qk * qk_scale
     if MASKED:
         # Per-row causal / real-length limit; also masks the block's tokens past the split end
         # (row_lim is capped by kv_end for that purpose).
-        visible = offs_n[None, :] < row_lim[:, None]  # [BLOCK_H, BLOCK_N]
+        visible = tl.expand_dims(offs_n, 1 - KEY_AX) < tl.expand_dims(row_lim, KEY_AX)  # [BLOCK_H, BLOCK_N]
         qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))  # [BLOCK_H]
+    m_new = tl.maximum(m_i, tl.max(qk, axis=KEY_AX))  # [BLOCK_H]
     # A row that has seen no key yet keeps m = -inf; subtracting 0 instead keeps
     # exp2(-inf - -inf) = NaN out of alpha and p.
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_safe)  # [BLOCK_H]
-    p = tl.math.exp2(qk - m_safe[:, None])  # [BLOCK_H, BLOCK_N]
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p = tl.math.exp2(qk - tl.expand_dims(m_safe, KEY_AX))  # [BLOCK_H, BLOCK_N]
+    l_i = l_i * alpha + tl.sum(p, axis=KEY_AX)
     p = p.to(q0.dtype)
+    # The accumulators' row axis is the scores' (axis 0, SWAP_AB: axis 1).
+    alpha_acc = tl.expand_dims(alpha, KEY_AX)
     # V is the first Lv columns of the K tile already in registers/shared memory.
-    acc0 = tl.dot(p, k0, acc0 * alpha[:, None], input_precision=DOT_PRECISION)  # [BLOCK_H, D0]
+    acc0 = _value_dot(p, k0, acc0 * alpha_acc, SWAP_AB, DOT_PRECISION)  # [BLOCK_H, D0]
     if QSPLIT:
-        acc1 = tl.dot(p, k1, acc1 * alpha[:, None], input_precision=DOT_PRECISION)  # [BLOCK_H, HALF]
+        acc1 = _value_dot(p, k1, acc1 * alpha_acc, SWAP_AB, DOT_PRECISION)  # [BLOCK_H, HALF]
     return acc0, acc1, m_new, l_i
 
 
@@ -149,6 +182,7 @@ def _fwd_verify_stage1(
     QSPLIT: tl.constexpr,
     SINGLE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 q (no silent tf32), "tf32" (unused) otherwise
+    SWAP_AB: tl.constexpr,  # run the transposed problem (rows = the MMA's N); see _score_dot
 ):
     ROW_BLOCKS: tl.constexpr = (QLEN * NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     # Row blocks vary fastest so the row blocks of one (request, split) run side by side and
@@ -191,19 +225,25 @@ def _fwd_verify_stage1(
         offs_d = tl.arange(0, HALF)
         q0 = tl.load(p_q + offs_d[None, :], mask=row_valid[:, None], other=0.0)  # [BLOCK_H, HALF]
         q1 = tl.load(p_q + HALF + offs_d[None, :], mask=row_valid[:, None], other=0.0)
-        acc0 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
     else:
         offs_d = tl.arange(0, BLOCK_DMODEL)
         q0 = tl.load(p_q + offs_d[None, :], mask=row_valid[:, None], other=0.0)  # [BLOCK_H, Lv]
         q1 = q0  # unused
-        acc0 = tl.zeros([BLOCK_H, BLOCK_DMODEL], dtype=tl.float32)
-        acc1 = acc0  # unused
     if BLOCK_DPE > 0:
         offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
         q_pe = tl.load(p_q + offs_dpe[None, :], mask=row_valid[:, None], other=0.0)  # [BLOCK_H, BLOCK_DPE]
     else:
         q_pe = q0  # unused
+    D0: tl.constexpr = HALF if QSPLIT else BLOCK_DMODEL
+    if SWAP_AB:
+        # Transposed once, outside the KV loop: the B operand of the score dots, [D, BLOCK_H].
+        q0 = tl.trans(q0)
+        q1 = tl.trans(q1)
+        q_pe = tl.trans(q_pe)
+        acc0 = tl.zeros([D0, BLOCK_H], dtype=tl.float32)
+    else:
+        acc0 = tl.zeros([BLOCK_H, D0], dtype=tl.float32)
+    acc1 = acc0  # used when QSPLIT only
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
 
@@ -218,7 +258,7 @@ def _fwd_verify_stage1(
         acc0, acc1, m_i, l_i = _attend_block(
             acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, Req_to_Token, req_row, start_n, kv_end,
             row_lim, stride_kpage, stride_ktok, qk_scale,
-            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, False, DOT_PRECISION,
+            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, False, DOT_PRECISION, SWAP_AB,
         )
     # The tail where rows' limits (or the split end) fall: loads bounded by kv_end, scores by
     # each row's limit.
@@ -227,13 +267,17 @@ def _fwd_verify_stage1(
         acc0, acc1, m_i, l_i = _attend_block(
             acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, Req_to_Token, req_row, start_n, kv_end,
             row_lim_split, stride_kpage, stride_ktok, qk_scale,
-            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, True, DOT_PRECISION,
+            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, True, DOT_PRECISION, SWAP_AB,
         )
 
     # Rows that saw no key (lim == 0, or nothing of theirs in this split): o = 0, lse = -inf.
     has_key = l_i > 0.0
     inv_l = tl.where(has_key, k_scale / tl.where(has_key, l_i, 1.0), 0.0)  # V dequantized too
     lse = tl.where(has_key, (m_i + tl.math.log2(tl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
+    if SWAP_AB:
+        # Back to [BLOCK_H, D] rows for the shared store paths.
+        acc0 = tl.trans(acc0)
+        acc1 = tl.trans(acc1)
     out0 = acc0 * inv_l[:, None]
     if QSPLIT:
         out1 = acc1 * inv_l[:, None]

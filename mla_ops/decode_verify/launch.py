@@ -196,6 +196,7 @@ def decode_attention_fwd_verify(
         QSPLIT=bool(cfg["QSPLIT"]),
         SINGLE=single,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SWAP_AB=int(bool(cfg["SWAP_AB"])),
         **launch_kw,
     )
     if single:
