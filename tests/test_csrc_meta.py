@@ -51,14 +51,16 @@ CHECKS = {
 }
 
 
-def _run(code_or_args, env=None, timeout=120) -> dict:
+def _run(code_or_args, env=None, timeout=120, cwd=ROOT) -> dict:
     """Run Python in a fresh process; it prints one JSON object last."""
     cmd = [sys.executable, *code_or_args] if isinstance(code_or_args, list) else [
         sys.executable, "-c", code_or_args]
-    full_env = {**os.environ, "TRITON_INTERPRET": "0", **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, full_env.get("PYTHONPATH")]))
+    env = env or {}
+    full_env = {**os.environ, "TRITON_INTERPRET": "0", **env}
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [env.get("PYTHONPATH"), ROOT, os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout,
-                          cwd=ROOT)
+                          cwd=cwd)
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -612,6 +614,26 @@ def test_pure_python_mode_imports_with_older_library_impl(torch_version):
     out = _run(code, env={"MLA_OPS_NO_EXT": "1"})
     assert out["extension"] is None
     assert out["error"].startswith("mla::context_attention is inference-only")
+
+
+def test_a_library_that_does_not_load_falls_back_to_pure_python(tmp_path):
+    """A _C built against another torch (undefined symbols) warns and leaves pure Python."""
+    shutil.copytree(os.path.join(ROOT, "mla_ops"), tmp_path / "mla_ops",
+                    ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    suffix = __import__("importlib.machinery").machinery.EXTENSION_SUFFIXES[0]
+    (tmp_path / "mla_ops" / f"_C{suffix}").write_bytes(b"not a shared library")
+    code = ("import json, warnings\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import mla_ops, torch\n"
+            "print(json.dumps({'file': mla_ops.__file__, 'extension': mla_ops.library.EXTENSION,"
+            " 'warnings': [str(x.message) for x in w if 'mla_ops' in str(x.message)],"
+            " 'schema': str(torch.ops.mla.context_attention.default._schema)}))")
+    out = _run(code, env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert out["file"].startswith(str(tmp_path))
+    assert out["extension"] is None
+    assert len(out["warnings"]) == 1 and "using the pure-Python registration" in out["warnings"][0]
+    assert out["schema"] == f"mla::context_attention{library.SCHEMAS['context_attention']}"
 
 
 # --- setup.py -------------------------------------------------------------------------------
