@@ -183,6 +183,7 @@ def main(argv=None) -> int:
     verify_table = plat.arch if plat.arch in verify_configs.TABLES else "default"
     prefill_table = plat.arch if plat.arch in prefill_configs.TABLES else "generic"
     print(f"config tables: verify '{verify_table}', prefill '{prefill_table}'")
+    print(f"op library: {'C++ schemas from ' + mla_ops.library.EXTENSION if mla_ops.library.EXTENSION else 'pure-Python registration (mla_ops._C not built)'}")
     print(f"running: {path}")
     small = args.interpret
     ok = True
