@@ -52,7 +52,9 @@ def _score_dot(q, k, acc, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr):
     warpgroup), and A is the K tile as loaded (K-major).
     """
     if SWAP_AB:
-        return tl.dot(k, q, acc, input_precision=DOT_PRECISION)
+        # k may still be the cache's dtype (fp8): converted here, at its use, so that the
+        # converted tile is not kept live across the softmax (see _attend_block).
+        return tl.dot(k.to(q.dtype), q, acc, input_precision=DOT_PRECISION)
     else:
         return tl.dot(q, tl.trans(k), acc, input_precision=DOT_PRECISION)
 
@@ -63,7 +65,9 @@ def _value_dot(p, v, acc, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr):
     ``v^T @ p [BLOCK_N, BLOCK_H] -> [D, BLOCK_H]``: M = D, A = the K tile read transposed
     (MN-major, which 16-bit wgmma takes from shared memory), B = p."""
     if SWAP_AB:
-        return tl.dot(tl.trans(v), p, acc, input_precision=DOT_PRECISION)
+        # Transposed before it is converted: an fp8 tile stays one shared-memory buffer that
+        # each dot reads (and converts) at its own use.
+        return tl.dot(tl.trans(v).to(p.dtype), p, acc, input_precision=DOT_PRECISION)
     else:
         return tl.dot(p, v, acc, input_precision=DOT_PRECISION)
 
@@ -102,7 +106,11 @@ def _attend_block(
         k0 = tl.load(p_k0, mask=load_mask[:, None], other=0.0)  # [BLOCK_N, D0]
     else:
         k0 = tl.load(p_k0)
-    k0 = k0.to(q0.dtype)  # an fp8 cache is converted in registers
+    if not SWAP_AB:
+        # An fp8 cache is converted in registers, once for both dots. (SWAP_AB converts at
+        # each dot instead: its two dots need the tile in two register layouts, and two
+        # converted [BLOCK_N, Lv] copies live across the softmax spill.)
+        k0 = k0.to(q0.dtype)
     qk = _score_dot(q0, k0, None, SWAP_AB, DOT_PRECISION)  # [BLOCK_H, BLOCK_N] fp32 (SWAP_AB: transposed)
     if QSPLIT:
         p_k1 = p_k0 + HALF
@@ -110,7 +118,8 @@ def _attend_block(
             k1 = tl.load(p_k1, mask=load_mask[:, None], other=0.0)  # [BLOCK_N, HALF]
         else:
             k1 = tl.load(p_k1)
-        k1 = k1.to(q0.dtype)
+        if not SWAP_AB:
+            k1 = k1.to(q0.dtype)
         qk = _score_dot(q1, k1, qk, SWAP_AB, DOT_PRECISION)
     if BLOCK_DPE > 0:
         offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
