@@ -61,8 +61,10 @@ DEFAULT_SM_SCALE = 0.1352
 # The ceilings ANCHORS.md's roofline column was computed with (one H200, 2026-11-30).
 ANCHOR_COPY_TBPS = 4.27
 ANCHOR_MM_TFLOPS = 678.5
-LAUNCH_KEYS = ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages", "QSPLIT", "SPLIT_ALIGN",
-               "MIN_SPLIT_LEN", "S2_BLOCK_S", "s2_num_warps")
+# Every key of a launch config, in the order configs.py defines them (one place).
+from mla_ops.decode_verify.configs import VERIFY_DEFAULT_CONFIG  # noqa: E402
+
+LAUNCH_KEYS = tuple(VERIFY_DEFAULT_CONFIG)
 
 
 # --- shapes and the roofline --------------------------------------------------------------------
@@ -198,6 +200,7 @@ _KNOB_FLAGS = {  # flag dest -> config key
     "num_warps": "num_warps",
     "num_stages": "num_stages",
     "qsplit": "QSPLIT",
+    "swap_ab": "SWAP_AB",
     "split_align": "SPLIT_ALIGN",
     "min_split_len": "MIN_SPLIT_LEN",
     "s2_block_s": "S2_BLOCK_S",
@@ -236,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--num-warps", type=int)
     k.add_argument("--num-stages", type=int)
     k.add_argument("--qsplit", type=int, choices=(0, 1))
+    k.add_argument("--swap-ab", type=int, choices=(0, 1),
+                   help="rows as wgmma's N: S^T = K Q^T, O^T = V^T P^T")
     k.add_argument("--split-align", type=int)
     k.add_argument("--min-split-len", type=int)
     k.add_argument("--s2-block-s", type=int)

@@ -101,6 +101,7 @@ import torch  # noqa: E402
 
 from benchmarks import benchmark_decode_verify as bench  # noqa: E402
 from benchmarks.benchmark_decode_verify import LAUNCH_KEYS, Case  # noqa: E402
+from mla_ops.decode_verify.configs import VERIFY_DEFAULT_CONFIG  # noqa: E402
 
 HIP_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 TABLE_DIR = _ROOT / "mla_ops" / "decode_verify" / "tables"
@@ -126,6 +127,8 @@ class Space:
     MIN_SPLIT_LEN: tuple = (64, 128, 256, 512)
     S2_BLOCK_S: tuple = (4, 8, 16, 32)
     s2_num_warps: tuple = (1, 2, 4, 8)
+    # Swap-AB tiles (rows as wgmma's N): one warpgroup, small row tiles, BLOCK_N as M.
+    swap_ab_tiles: tuple = ((16, 64, 4), (32, 32, 4), (32, 64, 4))  # (BLOCK_H, BLOCK_N, warps)
     split_factors: tuple = (0.5, 2, 4)  # around verify_num_kv_splits (plus 1 split)
     pipeline_top: int = 2  # tiles of each tile point whose stages / QSPLIT are explored
     grid_candidates: int = 3  # best configs of the nearest tile points tried per grid point
@@ -140,6 +143,7 @@ QUICK_SPACE = Space(BLOCK_H=(32, 64), BLOCK_N=(32, 64), num_warps=(4, 8), num_st
 
 
 INTERPRET_SPACE = Space(BLOCK_H=(16, 32), BLOCK_N=(16,), num_warps=(4,), num_stages=(1, 2),
+                        swap_ab_tiles=((16, 16, 4),),
                         QSPLIT=(0, 1), MIN_SPLIT_LEN=(16, 64), S2_BLOCK_S=(2, 8),
                         s2_num_warps=(4,), split_factors=(2,), pipeline_top=2,
                         grid_candidates=1)
@@ -270,10 +274,16 @@ def plan_stage(stage: str, tiles: list[Case], grid: list[Case], res: Results,
             add(p, defaults(p))
         elif stage == "tile":
             for bh, bn, nw in itertools.product(space.BLOCK_H, space.BLOCK_N, space.num_warps):
-                add(p, {**defaults(p), "BLOCK_H": bh, "BLOCK_N": bn, "num_warps": nw})
+                add(p, {**defaults(p), "BLOCK_H": bh, "BLOCK_N": bn, "num_warps": nw,
+                        "SWAP_AB": 0})
+            for bh, bn, nw in space.swap_ab_tiles:
+                add(p, {**defaults(p), "BLOCK_H": bh, "BLOCK_N": bn, "num_warps": nw,
+                        "SWAP_AB": 1, "QSPLIT": 0, "num_stages": 2})
         elif stage == "pipeline":
             for c in res.top(pk, space.pipeline_top):
                 for ns, qs in itertools.product(space.num_stages, space.QSPLIT):
+                    if qs and c.get("SWAP_AB"):
+                        continue  # the swap-AB path has no Q split
                     add(p, {**c, "num_stages": ns, "QSPLIT": qs})
         elif best and stage in ("splitlen", "s2block", "s2warps", "splits"):
             c = best[0]
@@ -450,7 +460,9 @@ def build_table(grid: list[Case], res: Results, defaults: Callable[[Case], dict]
 
 
 def ordered_config(cfg: dict) -> dict:
-    """The config's keys in LAUNCH_KEYS order (then HIP keys, then any other)."""
+    """The config completed with the defaults of keys it lacks (a table written before a key
+    existed), its keys in LAUNCH_KEYS order (then HIP keys, then any other)."""
+    cfg = {**VERIFY_DEFAULT_CONFIG, **cfg}
     keys = [k for k in (*LAUNCH_KEYS, *HIP_KEYS) if k in cfg]
     keys += sorted(k for k in cfg if k not in keys)
     return {k: cfg[k] for k in keys}

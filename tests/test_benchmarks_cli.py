@@ -290,7 +290,7 @@ def _defaults(p):
     rows = p.B * p.qlen * p.H
     return {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "QSPLIT": 0,
             "SPLIT_ALIGN": 64, "MIN_SPLIT_LEN": 256 if rows <= 640 else 512, "S2_BLOCK_S": 16,
-            "s2_num_warps": 4}
+            "s2_num_warps": 4, "SWAP_AB": 0}
 
 
 def _splits_of(p, block_h):
@@ -334,7 +334,7 @@ def test_planning_follows_the_stages():
                                        GROUPS_H)
     assert len(plan("default")) == len(tiles)
     tile = plan("tile")
-    assert len(tile) == len(tiles) * 18
+    assert len(tile) == len(tiles) * (18 + len(space.swap_ab_tiles))
     assert all(t[2] == _splits_of(t[0], t[1]["BLOCK_H"]) and t[3] for t in tile)
     for i, (p, c, s, _) in enumerate(tile):  # BLOCK_N=16, 4 warps wins everywhere
         _ok(res, p, c, 10.0 + (c["BLOCK_N"] != 16) + (c["num_warps"] != 4) + 0.01 * i)
@@ -373,7 +373,7 @@ def test_quick_space_plans_fewer_runs():
     q = sweep.QUICK_SPACE
     quick = sweep.plan_stage("tile", sweep.tile_points(grid, q.anchors_only), grid,
                              sweep.Results(), _defaults, _splits_of, q, 132, GROUPS_H)
-    assert len(full) == 9 * 18 and len(quick) == 7 * 8
+    assert len(full) == 9 * (18 + 3) and len(quick) == 7 * (8 + 3)
 
 
 def test_choose_config_minimises_the_geometric_mean_ratio():
