@@ -34,6 +34,8 @@ SWAP = {
     "swap-h32": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 32, "num_warps": 4},
     "swap-h16": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 16, "num_warps": 4},
     "swap-h64": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 4},
+    # fp8 under SWAP_AB reads V^T separately, per half with QSPLIT.
+    "swap-h32-qsplit": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 32, "num_warps": 4, "QSPLIT": 1},
 }
 
 
@@ -300,12 +302,24 @@ GPU_PARAMS = [
 GPU_SWAP = {
     "swap-h32": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 32, "num_warps": 4, "num_stages": 2},
     "swap-h64": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2},
+    # The fp8 candidates: QSPLIT halves what each converted operand holds in registers.
+    "swap-h32-qsplit": {"SWAP_AB": 1, "BLOCK_N": 64, "BLOCK_H": 32, "num_warps": 4, "num_stages": 2,
+                        "QSPLIT": 1},
+    "swap-h32-n32": {"SWAP_AB": 1, "BLOCK_N": 32, "BLOCK_H": 32, "num_warps": 4, "num_stages": 2},
 }
+
+
+def _gpu_swap_variants(heads, dt):
+    if heads >= 64:
+        return ("swap-h64",)
+    return ("swap-h32", "swap-h32-qsplit", "swap-h32-n32") if dt == "fp8" else ("swap-h32",)
+
+
 GPU_SWAP_PARAMS = [
     pytest.param(kw, splits, dt, GPU_SWAP[sw], id=f"{name}-{dt}-{sw}")
     for name, kw, splits, dts in GPU_SHAPES
     for dt in dts if dt in ("bf16", "fp8")
-    for sw in (("swap-h64",) if kw["heads"] >= 64 else ("swap-h32",))
+    for sw in _gpu_swap_variants(kw["heads"], dt)
 ]
 
 
