@@ -278,12 +278,10 @@ def plan_stage(stage: str, tiles: list[Case], grid: list[Case], res: Results,
                         "SWAP_AB": 0})
             for bh, bn, nw in space.swap_ab_tiles:
                 add(p, {**defaults(p), "BLOCK_H": bh, "BLOCK_N": bn, "num_warps": nw,
-                        "SWAP_AB": 1, "QSPLIT": 0, "num_stages": 2})
+                        "SWAP_AB": 1, "num_stages": 2})
         elif stage == "pipeline":
             for c in res.top(pk, space.pipeline_top):
                 for ns, qs in itertools.product(space.num_stages, space.QSPLIT):
-                    if qs and c.get("SWAP_AB"):
-                        continue  # the swap-AB path has no Q split
                     add(p, {**c, "num_stages": ns, "QSPLIT": qs})
         elif best and stage in ("splitlen", "s2block", "s2warps", "splits"):
             c = best[0]
