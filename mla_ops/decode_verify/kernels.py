@@ -219,6 +219,7 @@ def _fwd_verify_stage1(
     QSPLIT: tl.constexpr,
     SINGLE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 q (no silent tf32), "tf32" (unused) otherwise
+    FP8_DOT_FP16: tl.constexpr,  # fp8 cache with a bf16 q: dots in fp16 (see below)
     SWAP_AB: tl.constexpr,  # run the transposed problem (rows = the MMA's N); see _score_dot
 ):
     ROW_BLOCKS: tl.constexpr = (QLEN * NUM_HEADS + BLOCK_H - 1) // BLOCK_H
@@ -271,6 +272,15 @@ def _fwd_verify_stage1(
         q_pe = tl.load(p_q + offs_dpe[None, :], mask=row_valid[:, None], other=0.0)  # [BLOCK_H, BLOCK_DPE]
     else:
         q_pe = q0  # unused
+    if FP8_DOT_FP16:
+        # fp8 cache, bf16 q: the dots run in fp16, not bf16. fp8 -> fp16 is one cvt per two
+        # values, fp8 -> bf16 three (via fp16), and the conversion of every K tile is what
+        # bounds an fp8 cache. Every e4m3 value is exact in fp16 and so is a bf16 q within
+        # fp16's range (its 10-bit mantissa holds bf16's 8); |q| is clamped to fp16's finite
+        # maximum so an out-of-range q saturates instead of turning the scores into inf/NaN.
+        q0 = tl.clamp(q0.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        q1 = tl.clamp(q1.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        q_pe = tl.clamp(q_pe.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     D0: tl.constexpr = HALF if QSPLIT else BLOCK_DMODEL
     if SWAP_AB:
         # Transposed once, outside the KV loop: the B operand of the score dots, [D, BLOCK_H].

@@ -196,6 +196,7 @@ def decode_attention_fwd_verify(
         QSPLIT=bool(cfg["QSPLIT"]),
         SINGLE=single,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        FP8_DOT_FP16=k_buffer.dtype in FP8_DTYPES and q.dtype == torch.bfloat16,
         SWAP_AB=int(bool(cfg["SWAP_AB"])),
         **launch_kw,
     )
