@@ -68,18 +68,50 @@ std::string dtype_name(ScalarType t) {
 // `str(t.dtype)`
 std::string dtype_str(ScalarType t) { return "torch." + dtype_name(t); }
 
+// Messages are built with std::string alone. No std::ostream of this library may reach a
+// function compiled into libc10 (`operator<<(std::ostream&, const SymInt&)`, or the
+// ostringstream that TORCH_CHECK's c10::str instantiates here): with torch wheels built by
+// another toolchain that crosses two libstdc++ builds and segfaulted on the H200 image
+// (torch 2.11, g++ 13) at the first failed check.
+std::string sym_str(const SymInt& v) {
+  if (auto i = v.maybe_as_int()) return std::to_string(*i);
+  return v.toSymNodeImplUnowned()->str();
+}
+
+inline void cat_one(std::string& s, const char* x) { s += x; }
+inline void cat_one(std::string& s, const std::string& x) { s += x; }
+inline void cat_one(std::string& s, const SymInt& x) { s += sym_str(x); }
+inline void cat_one(std::string& s, int64_t x) { s += std::to_string(x); }
+inline void cat_one(std::string& s, int x) { s += std::to_string(x); }
+inline void cat_one(std::string& s, size_t x) { s += std::to_string(x); }
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::string s;
+  (cat_one(s, args), ...);
+  return s;
+}
+
+// TORCH_CHECK_VALUE / TORCH_CHECK_TYPE / TORCH_CHECK with a message made by cat(): c10::str of
+// a single std::string returns it as is, so no stream is involved.
+#define MLA_CHECK_VALUE(cond, ...) \
+  if (C10_UNLIKELY(!(cond))) C10_THROW_ERROR(ValueError, ::mla_meta::cat(__VA_ARGS__))
+#define MLA_CHECK_TYPE(cond, ...) \
+  if (C10_UNLIKELY(!(cond))) C10_THROW_ERROR(TypeError, ::mla_meta::cat(__VA_ARGS__))
+#define MLA_CHECK(cond, ...) \
+  if (C10_UNLIKELY(!(cond))) C10_THROW_ERROR(Error, ::mla_meta::cat(__VA_ARGS__))
+
 // `str(tuple(xs))`: "(4, 16, 576)", "(4,)", "()".
 template <typename Ints>
 std::string tuple_str(const Ints& xs) {
-  std::ostringstream os;
-  os << "(";
+  std::string s = "(";
   for (size_t i = 0; i < xs.size(); ++i) {
-    if (i) os << ", ";
-    os << xs[i];
+    if (i) s += ", ";
+    cat_one(s, xs[i]);
   }
-  if (xs.size() == 1) os << ",";
-  os << ")";
-  return os.str();
+  if (xs.size() == 1) s += ",";
+  s += ")";
+  return s;
 }
 
 std::string shape_str(const Tensor& t) { return tuple_str(t.sym_sizes()); }
@@ -122,12 +154,12 @@ void check_tensor(const char* name, const Tensor& t, std::initializer_list<int64
       ok = ok || t.dim() == r;
       want += (want.empty() ? "" : " or ") + std::to_string(r) + "-D";
     }
-    TORCH_CHECK_VALUE(ok, name, ": expected a ", want, " tensor, got shape ", shape_str(t));
+    MLA_CHECK_VALUE(ok, name, ": expected a ", want, " tensor, got shape ", shape_str(t));
   }
   if (dtypes.size() && !contains(dtypes, t.scalar_type())) {
     std::string names;
     for (auto d : dtypes) names += (names.empty() ? "" : ", ") + dtype_name(d);
-    TORCH_CHECK_TYPE(false, name, ": expected dtype in (", names, "), got ",
+    MLA_CHECK_TYPE(false, name, ": expected dtype in (", names, "), got ",
                      dtype_str(t.scalar_type()));
   }
 }
@@ -138,20 +170,20 @@ void check_shape(const char* name, const Tensor& t, std::initializer_list<SymInt
   bool ok = got.size() == expected.size();
   size_t i = 0;
   for (auto it = expected.begin(); ok && it != expected.end(); ++it, ++i) ok = got[i] == *it;
-  TORCH_CHECK_VALUE(ok, name, ": expected shape ", tuple_str(std::vector<SymInt>(expected)),
+  MLA_CHECK_VALUE(ok, name, ": expected shape ", tuple_str(std::vector<SymInt>(expected)),
                     ", got ", shape_str(t));
 }
 
 // _inner_contiguous(name, t)
 void check_inner_contiguous(const char* name, const Tensor& t) {
-  TORCH_CHECK_VALUE(!(last(t) > 1 && t.sym_stride(t.dim() - 1) != 1), name,
+  MLA_CHECK_VALUE(!(last(t) > 1 && t.sym_stride(t.dim() - 1) != 1), name,
                     ": the last dimension must be contiguous (stride 1), got strides ",
                     strides_str(t));
 }
 
 // _int(name, v, minimum=...): the schema already made v an int.
 void check_int(const char* name, int64_t v, int64_t minimum) {
-  TORCH_CHECK_VALUE(v >= minimum, name, ": expected an int >= ", minimum, ", got ", v);
+  MLA_CHECK_VALUE(v >= minimum, name, ": expected an int >= ", minimum, ", got ", v);
 }
 
 // _same_device(device, **tensors)
@@ -159,7 +191,7 @@ void check_device(const c10::Device& device,
                   std::initializer_list<std::pair<const char*, const Tensor*>> tensors) {
   for (const auto& [name, t] : tensors) {
     if (t == nullptr || !t->defined()) continue;
-    TORCH_CHECK_VALUE(t->device() == device, name, ": expected a tensor on ", device.str(),
+    MLA_CHECK_VALUE(t->device() == device, name, ": expected a tensor on ", device.str(),
                       " (the device of q), got ", t->device().str());
   }
 }
@@ -169,20 +201,20 @@ const Tensor* ptr(const OptTensor& t) { return t.has_value() ? &*t : nullptr; }
 // _cache_layout(k_buffer, page_size)
 void check_cache_layout(const Tensor& k_buffer, int64_t page_size) {
   check_tensor("k_buffer", k_buffer, {3, 4}, kActFp8);
-  TORCH_CHECK_VALUE(last(k_buffer, 2) == 1,
+  MLA_CHECK_VALUE(last(k_buffer, 2) == 1,
                     "k_buffer: expected one latent KV head (shape[-2] == 1), got shape ",
                     shape_str(k_buffer));
   check_int("page_size", page_size, 1);
   if (k_buffer.dim() == 4) {
-    TORCH_CHECK_VALUE(k_buffer.sym_size(1) == page_size, "page_size: ", page_size,
+    MLA_CHECK_VALUE(k_buffer.sym_size(1) == page_size, "page_size: ", page_size,
                       " does not match k_buffer's pages of ", k_buffer.sym_size(1),
                       " tokens (shape ", shape_str(k_buffer), ")");
   }
   if (k_buffer.dim() == 3) {
     const SymInt tokens = k_buffer.sym_size(0);
-    TORCH_CHECK_VALUE(tokens % page_size == 0, "page_size: a 3-D k_buffer of ", tokens,
+    MLA_CHECK_VALUE(tokens % page_size == 0, "page_size: a 3-D k_buffer of ", tokens,
                       " tokens is not a whole number of pages of ", page_size);
-    TORCH_CHECK_VALUE(
+    MLA_CHECK_VALUE(
         !(page_size > 1 && tokens > page_size && k_buffer.sym_stride(0) == 0),
         "k_buffer: token stride 0 is not a valid cache layout");
   }
@@ -190,7 +222,7 @@ void check_cache_layout(const Tensor& k_buffer, int64_t page_size) {
 }
 
 void check_cache_dtype(const Tensor& q, const Tensor& k_buffer) {
-  TORCH_CHECK_TYPE(
+  MLA_CHECK_TYPE(
       contains(kFp8, k_buffer.scalar_type()) || k_buffer.scalar_type() == q.scalar_type(),
       "k_buffer: expected the dtype of q (", dtype_str(q.scalar_type()),
       ") or an fp8 dtype, got ", dtype_str(k_buffer.scalar_type()));
@@ -199,7 +231,7 @@ void check_cache_dtype(const Tensor& q, const Tensor& k_buffer) {
 void check_k_scale(const OptTensor& k_scale) {
   if (!k_scale.has_value()) return;
   check_tensor("k_scale", *k_scale, {}, {ScalarType::Float});
-  TORCH_CHECK_VALUE(k_scale->sym_numel() == 1, "k_scale: expected a scalar tensor, got shape ",
+  MLA_CHECK_VALUE(k_scale->sym_numel() == 1, "k_scale: expected a scalar tensor, got shape ",
                     shape_str(*k_scale));
 }
 
@@ -219,32 +251,32 @@ void decode_verify_meta(const Tensor& q, const Tensor& k_buffer, const Tensor& v
 
   // _latent_dims(k_buffer, v_buffer)
   check_tensor("v_buffer", v_buffer, {k_buffer.dim()}, {});
-  TORCH_CHECK_TYPE(v_buffer.scalar_type() == k_buffer.scalar_type(),
+  MLA_CHECK_TYPE(v_buffer.scalar_type() == k_buffer.scalar_type(),
                    "v_buffer: expected the dtype of k_buffer (",
                    dtype_str(k_buffer.scalar_type()), "), got ",
                    dtype_str(v_buffer.scalar_type()));
   const auto k_sizes = k_buffer.sym_sizes();
   const auto v_sizes = v_buffer.sym_sizes();
   const auto k_lead = k_sizes.slice(0, k_sizes.size() - 1);
-  TORCH_CHECK_VALUE(v_sizes.slice(0, v_sizes.size() - 1).equals(k_lead),
+  MLA_CHECK_VALUE(v_sizes.slice(0, v_sizes.size() - 1).equals(k_lead),
                     "v_buffer: expected k_buffer[..., :Lv] with leading shape ",
                     tuple_str(k_lead), ", got shape ", shape_str(v_buffer));
   // V is read from K, so v_buffer's strides are not checked (as in checks.py).
   const SymInt Lk = last(k_buffer);
   const SymInt Lv = last(v_buffer);
   const SymInt rope = Lk - Lv;
-  TORCH_CHECK_VALUE(!(!is_pow2(Lv) || rope < 0 || (rope > 0 && !is_pow2(rope))),
+  MLA_CHECK_VALUE(!(!is_pow2(Lv) || rope < 0 || (rope > 0 && !is_pow2(rope))),
                     "v_buffer: expected Lk = Lv + rope with Lv and rope powers of two "
                     "(576 = 512 + 64), got Lk=",
                     Lk, ", Lv=", Lv);
 
   const SymInt rows = q.sym_size(0);
   const SymInt heads = q.sym_size(1);
-  TORCH_CHECK_VALUE(q.sym_size(2) == Lk, "q: expected head dim Lk=", Lk,
+  MLA_CHECK_VALUE(q.sym_size(2) == Lk, "q: expected head dim Lk=", Lk,
                     " (k_buffer.shape[-1]), got shape ", shape_str(q));
   check_inner_contiguous("q", q);
   check_int("qlen", qlen, 1);
-  TORCH_CHECK_VALUE(rows % qlen == 0, "qlen: q has ", rows, " rows, not a multiple of qlen=",
+  MLA_CHECK_VALUE(rows % qlen == 0, "qlen: q has ", rows, " rows, not a multiple of qlen=",
                     qlen, " (rows are [B*qlen, ...])");
   const SymInt batch = rows / qlen;
 
@@ -254,7 +286,7 @@ void decode_verify_meta(const Tensor& q, const Tensor& k_buffer, const Tensor& v
   check_tensor("lse", lse, {2}, {ScalarType::Float});
   check_shape("lse", lse, {rows, heads});
   check_tensor("req_to_token", req_to_token, {2}, {ScalarType::Int});
-  TORCH_CHECK_VALUE(!(req_to_token.sym_size(0) < batch),
+  MLA_CHECK_VALUE(!(req_to_token.sym_size(0) < batch),
                     "req_to_token: expected one row per request (", batch, "), got shape ",
                     shape_str(req_to_token));
   check_tensor("seq_lens", seq_lens, {1}, {ScalarType::Int});
@@ -265,7 +297,7 @@ void decode_verify_meta(const Tensor& q, const Tensor& k_buffer, const Tensor& v
   }
   check_int("num_kv_splits", num_kv_splits, 1);
   if (num_kv_splits > 1 || attn_logits.has_value()) {
-    TORCH_CHECK_VALUE(attn_logits.has_value(),
+    MLA_CHECK_VALUE(attn_logits.has_value(),
                       "attn_logits: a workspace is required when num_kv_splits=", num_kv_splits,
                       " > 1");
     check_tensor("attn_logits", *attn_logits, {4}, {ScalarType::Float});
@@ -273,7 +305,7 @@ void decode_verify_meta(const Tensor& q, const Tensor& k_buffer, const Tensor& v
       const auto got = attn_logits->sym_sizes();
       const bool small = got[0] < rows || got[1] != heads || got[2] != num_kv_splits ||
                          got[3] < Lv + 1;
-      TORCH_CHECK_VALUE(!small, "attn_logits: workspace too small for num_kv_splits=",
+      MLA_CHECK_VALUE(!small, "attn_logits: workspace too small for num_kv_splits=",
                         num_kv_splits,
                         ": expected [B*qlen, H, num_kv_splits, Lv+1] = ",
                         tuple_str(std::vector<SymInt>{rows, heads, num_kv_splits, Lv + 1}),
@@ -304,21 +336,21 @@ void warmup_decode_verify_meta(const Tensor& q, const Tensor& k_buffer, const Te
   check_cache_layout(k_buffer, page_size);
   check_cache_dtype(q, k_buffer);
   const SymInt Lk = last(k_buffer);
-  TORCH_CHECK_VALUE(q.sym_size(2) == Lk, "q: expected head dim Lk=", Lk,
+  MLA_CHECK_VALUE(q.sym_size(2) == Lk, "q: expected head dim Lk=", Lk,
                     " (k_buffer.shape[-1]), got shape ", shape_str(q));
   check_tensor("o", o, {3}, {q.scalar_type()});
   const SymInt Lv = last(o);
   const SymInt rope = Lk - Lv;
-  TORCH_CHECK_VALUE(!(!is_pow2(Lv) || rope < 0 || (rope > 0 && !is_pow2(rope))),
+  MLA_CHECK_VALUE(!(!is_pow2(Lv) || rope < 0 || (rope > 0 && !is_pow2(rope))),
                     "o: expected Lv with Lk = Lv + rope, both powers of two, got Lk=", Lk,
                     ", Lv=", Lv);
-  TORCH_CHECK_VALUE(o.sym_size(1) == q.sym_size(1), "o: expected ", q.sym_size(1),
+  MLA_CHECK_VALUE(o.sym_size(1) == q.sym_size(1), "o: expected ", q.sym_size(1),
                     " heads (q.shape[1]), got shape ", shape_str(o));
   check_tensor("lse", lse, {2}, {ScalarType::Float});
-  TORCH_CHECK_VALUE(lse.sym_size(1) == q.sym_size(1), "lse: expected ", q.sym_size(1),
+  MLA_CHECK_VALUE(lse.sym_size(1) == q.sym_size(1), "lse: expected ", q.sym_size(1),
                     " heads (q.shape[1]), got shape ", shape_str(lse));
   check_tensor("req_to_token", req_to_token, {2}, {ScalarType::Int});
-  TORCH_CHECK_VALUE(!qlens.empty(), "qlens: expected a non-empty list of ints, got []");
+  MLA_CHECK_VALUE(!qlens.empty(), "qlens: expected a non-empty list of ints, got []");
   for (int64_t t : qlens) check_int("qlens", t, 1);
   if (attn_logits.has_value()) {
     check_tensor("attn_logits", *attn_logits, {}, {ScalarType::Float});
@@ -346,14 +378,14 @@ void context_attention_meta(const Tensor& q, const Tensor& k, const Tensor& v, c
   check_tensor("v", v, {3}, {q.scalar_type()});
   check_tensor("o", o, {3}, {q.scalar_type()});
   const SymInt total = q.sym_size(0), hq = q.sym_size(1), d = q.sym_size(2);
-  TORCH_CHECK_VALUE(k.sym_size(2) == d, "k: expected head dim ", d,
+  MLA_CHECK_VALUE(k.sym_size(2) == d, "k: expected head dim ", d,
                     " (q.shape[2]), got shape ", shape_str(k));
-  TORCH_CHECK_VALUE(v.sym_sizes().equals(k.sym_sizes()), "v: expected the shape of k ",
+  MLA_CHECK_VALUE(v.sym_sizes().equals(k.sym_sizes()), "v: expected the shape of k ",
                     shape_str(k), ", got ", shape_str(v));
-  TORCH_CHECK_VALUE(k.sym_size(0) == total, "k: expected ", total,
+  MLA_CHECK_VALUE(k.sym_size(0) == total, "k: expected ", total,
                     " tokens (q.shape[0]), got shape ", shape_str(k));
   const SymInt hkv = k.sym_size(1);
-  TORCH_CHECK_VALUE(!(hkv == 0 || hq % hkv != 0), "k: query heads (", hq,
+  MLA_CHECK_VALUE(!(hkv == 0 || hq % hkv != 0), "k: query heads (", hq,
                     ") must be a multiple of KV heads (", hkv, ")");
   check_shape("o", o, {total, hq, d});
   check_inner_contiguous("q", q);
@@ -362,7 +394,7 @@ void context_attention_meta(const Tensor& q, const Tensor& k, const Tensor& v, c
   check_inner_contiguous("o", o);
   check_tensor("b_start_loc", b_start_loc, {1}, {ScalarType::Int, ScalarType::Long});
   check_tensor("b_seq_len", b_seq_len, {1}, {ScalarType::Int, ScalarType::Long});
-  TORCH_CHECK_VALUE(b_start_loc.sym_size(0) == b_seq_len.sym_size(0),
+  MLA_CHECK_VALUE(b_start_loc.sym_size(0) == b_seq_len.sym_size(0),
                     "b_seq_len: expected one length per start in b_start_loc (",
                     b_start_loc.sym_size(0), "), got ", b_seq_len.sym_size(0));
   check_int("max_input_len", max_input_len, 0);
@@ -391,7 +423,7 @@ void inference_only(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   if (c10::GradMode::is_enabled()) {
     for (size_t i = 0; i < n; ++i) {
       const c10::IValue& v = (*stack)[stack->size() - n + i];
-      TORCH_CHECK(!(v.isTensor() && v.toTensor().requires_grad()), op.schema().name(),
+      MLA_CHECK(!(v.isTensor() && v.toTensor().requires_grad()), op.schema().name(),
                   " is inference-only (no autograd formula is registered), but ",
                   args[i].name(),
                   " requires grad: call it under torch.no_grad() or torch.inference_mode(), "
@@ -485,9 +517,9 @@ struct Registrations {
   Registrations() {
     for (const char* name : kOps) {
       if (c10::Dispatcher::singleton().findSchema({std::string("mla::") + name, ""})) {
-        TORCH_WARN("mla_ops/_C: mla::", name,
+        TORCH_WARN(::mla_meta::cat("mla_ops/_C: mla::", name,
                    " is already defined in this process (mla_ops imported in pure-Python "
-                   "mode, or another copy of this library loaded); not registering again");
+                   "mode, or another copy of this library loaded); not registering again"));
         return;
       }
     }
