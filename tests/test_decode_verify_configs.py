@@ -54,18 +54,18 @@ def _splits(arch):
 class TestVerifyTables(expecttest.TestCase):
     def test_sm_90(self):
         self.assertExpectedInline(_table("sm_90"), """\
-B1-q2-H16: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=256 s2=16/4 rb=1
-B32-q2-H16: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=512 s2=16/4 rb=1
-B128-q4-H16: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=512 s2=16/4 rb=1
-B16-q2-H16: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=256 s2=16/4 rb=1
-B128-q1-H128: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=512 s2=16/4 rb=2
-B32-q4-H128: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=512 s2=16/4 rb=8
-B16-q2-H128: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=512 s2=16/4 rb=4
-B20-q2-H16: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=256 s2=16/4 rb=1
-B21-q2-H16: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=512 s2=16/4 rb=1
-B5-q1-H128: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=256 s2=16/4 rb=2
-B6-q1-H128: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=512 s2=16/4 rb=2
-B1-q8-H20: BH=64 BN=32 nw=8 ns=3 qs=0 align=64 min=256 s2=16/4 rb=3""")
+B1-q2-H16: BH=16 BN=64 nw=4 ns=2 qs=0 align=64 min=128 s2=16/4 rb=2
+B32-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/2 rb=1
+B128-q4-H16: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=16/4 rb=1
+B16-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/2 rb=1
+B128-q1-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=16/4 rb=2
+B32-q4-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2 rb=8
+B16-q2-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2 rb=4
+B20-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/2 rb=1
+B21-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/2 rb=1
+B5-q1-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2 rb=2
+B6-q1-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2 rb=2
+B1-q8-H20: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=16/4 rb=3""")
 
     def test_gfx942(self):
         self.assertExpectedInline(_table("gfx942"), """\
@@ -99,15 +99,15 @@ B1-q8-H20: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=5""")
 
     def test_split_caps_sm_90(self):
         self.assertExpectedInline(_splits("sm_90"), """\
-L8192-B1-q2-H16 sms=132 BH=64: 128
-L4096-B32-q2-H16 sms=132 BH=64: 4
+L8192-B1-q2-H16 sms=132 BH=16: 66
+L4096-B32-q2-H16 sms=132 BH=32: 4
 L4096-B128-q4-H16 sms=132 BH=64: 1
-L32768-B16-q2-H16 sms=132 BH=64: 8
+L32768-B16-q2-H16 sms=132 BH=32: 8
 L4096-B128-q1-H128 sms=132 BH=64: 1
 L4096-B32-q4-H128 sms=132 BH=64: 1
 L32768-B16-q2-H128 sms=132 BH=64: 2
-L100-B1-q1-H16 sms=132 BH=64: 2
-L1-B4-q2-H16 sms=132 BH=64: 1""")
+L100-B1-q1-H16 sms=132 BH=16: 2
+L1-B4-q2-H16 sms=132 BH=16: 1""")
 
     def test_split_caps_gfx942(self):
         self.assertExpectedInline(_splits("gfx942"), """\
