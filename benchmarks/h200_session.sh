@@ -52,9 +52,6 @@ tune)
     --json "$OUT/prefill.json" 2>&1 | tail -20
   ;;
 test)
-  python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || echo "extension build failed (see build.log)"
-  python3 -c "import mla_ops.library as L; print('mla_ops._C:', L.EXTENSION)"
-  timeout 420 python3 -m pytest -q -p no:cacheprovider -x --durations=10 tests 2>&1 | tee "$OUT/pytest.log" | tail -25
-  timeout 90 python3 -m mla_ops 2>&1 | tee "$OUT/main.log"
+  suite
   ;;
 esac
