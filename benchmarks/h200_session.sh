@@ -42,14 +42,8 @@ all)
   benches
   ;;
 tune)
-  budget=${SWEEP_BUDGET:-210}
-  timeout $((budget + 60)) python3 benchmarks/sweep_decode_verify.py --quick --budget-s "$budget" \
-    --write "$OUT/sm_90.json" --log "$OUT/sweep_log.json" 2>&1 | tail -40
-  if [ -s "$OUT/sm_90.json" ]; then cp "$OUT/sm_90.json" mla_ops/decode_verify/tables/sm_90.json; fi
-  timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
-    --json "$OUT/decode_verify.json" 2>&1 | tail -30
-  timeout 120 python3 benchmarks/benchmark_vit_prefill_attn.py --shape all --ceilings \
-    --json "$OUT/prefill.json" 2>&1 | tail -20
+  sweep
+  benches
   ;;
 test)
   suite
