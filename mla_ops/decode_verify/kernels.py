@@ -113,10 +113,7 @@ def _attend_block(
     else:
         offs_d = tl.arange(0, BLOCK_DMODEL)
     p_k0 = K_Buffer + kv_off[:, None] + offs_d[None, :]
-    if MASKED:
-        k0 = tl.load(p_k0, mask=load_mask[:, None], other=0.0)  # [BLOCK_N, D0]
-    else:
-        k0 = tl.load(p_k0)
+    k0 = _load_tile(p_k0, load_mask[:, None], MASKED)  # [BLOCK_N, D0]
     if not SWAP_AB:
         # An fp8 cache is converted in registers, once for both dots. (SWAP_AB converts at
         # each dot instead, so that no converted [BLOCK_N, Lv] copy lives across the softmax.)
@@ -124,20 +121,14 @@ def _attend_block(
     qk = _score_dot(q0, k0, None, SWAP_AB, DOT_PRECISION)  # [BLOCK_H, BLOCK_N] fp32 (SWAP_AB: transposed)
     if QSPLIT:
         p_k1 = p_k0 + HALF
-        if MASKED:
-            k1 = tl.load(p_k1, mask=load_mask[:, None], other=0.0)  # [BLOCK_N, HALF]
-        else:
-            k1 = tl.load(p_k1)
+        k1 = _load_tile(p_k1, load_mask[:, None], MASKED)  # [BLOCK_N, HALF]
         if not SWAP_AB:
             k1 = k1.to(q0.dtype)
         qk = _score_dot(q1, k1, qk, SWAP_AB, DOT_PRECISION)
     if BLOCK_DPE > 0:
         offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
         p_kpe = K_Buffer + kv_off[:, None] + offs_dpe[None, :]
-        if MASKED:
-            k_pe = tl.load(p_kpe, mask=load_mask[:, None], other=0.0)  # [BLOCK_N, BLOCK_DPE]
-        else:
-            k_pe = tl.load(p_kpe)
+        k_pe = _load_tile(p_kpe, load_mask[:, None], MASKED)  # [BLOCK_N, BLOCK_DPE]
         qk = _score_dot(q_pe, k_pe.to(q0.dtype), qk, SWAP_AB, DOT_PRECISION)
     qk = qk * qk_scale
     if MASKED:
