@@ -11,6 +11,7 @@ import json
 import os
 import platform as _py_platform
 import statistics
+import sys
 from typing import Callable
 
 import torch
@@ -33,6 +34,18 @@ def env_info() -> dict:
     else:
         info.update(gpu=None)
     return info
+
+
+def pick_device(interpret: bool, prog: str) -> str | None:
+    """``"cpu"`` under ``--interpret``, ``"cuda"`` on a GPU, else None after saying why."""
+    if interpret:
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    print(f"{prog}: no CUDA/HIP GPU here. Run it on the GPU machine, or pass "
+          "--interpret for a tiny CPU smoke run through the Triton interpreter.",
+          file=sys.stderr)
+    return None
 
 
 def time_cuda_graph(fn: Callable[[], None], replays: int = 200, warmup: int = 3) -> float:

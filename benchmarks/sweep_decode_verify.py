@@ -824,14 +824,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.interpret:
-        device = "cpu"
-    elif torch.cuda.is_available():
-        device = "cuda"
-    else:
-        print("sweep_decode_verify: no CUDA/HIP GPU here. Run it on the GPU machine, or pass "
-              "--interpret for a tiny CPU smoke run through the Triton interpreter.",
-              file=sys.stderr)
+    from benchmarks._common import pick_device
+
+    device = pick_device(args.interpret, "sweep_decode_verify")
+    if device is None:
         return 2
     from benchmarks._common import env_info
 

@@ -113,7 +113,6 @@ def run_verify(device, small, repeats):
 def run_prefill(device, small, repeats):
     import torch
 
-    import mla_ops
     from mla_ops import reference
 
     if small:
