@@ -205,6 +205,9 @@ _KNOB_FLAGS = {  # flag dest -> config key
     "min_split_len": "MIN_SPLIT_LEN",
     "s2_block_s": "S2_BLOCK_S",
     "s2_num_warps": "s2_num_warps",
+    "s2_block_dv": "S2_BLOCK_DV",
+    "tma": "TMA",
+    "persistent": "PERSISTENT",
 }
 
 
@@ -245,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--min-split-len", type=int)
     k.add_argument("--s2-block-s", type=int)
     k.add_argument("--s2-num-warps", type=int)
+    k.add_argument("--s2-block-dv", type=int, help="columns of o per stage-2 program (0: all)")
+    k.add_argument("--tma", type=int, choices=(0, 1), help="K tiles by bulk tensor copies")
+    k.add_argument("--persistent", type=int, help="stage-1 programs per SM (0: one per work item)")
     o = p.add_argument_group("measurement")
     o.add_argument("--no-baseline", action="store_true", help="skip the qlen=1 feed")
     o.add_argument("--no-ceilings", action="store_true",
@@ -253,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare one call (and the baseline's) with the fp32 reference first; "
                    "exit 1 on NaN or a large error")
     o.add_argument("--replays", type=int, default=200, help="most graph replays per timing")
+    o.add_argument("--no-prequeue", action="store_true",
+                   help="time each replay from an idle GPU, the host's launch latency included "
+                   "(the default queues a GPU sleep ahead of the start event, so the time is the "
+                   "graph's own, as inside a model's graph; matters for µs-scale shapes like M1)")
     o.add_argument("--rotate", type=int, default=1,
                    help="N copies of the cache cycled through the graph (L2-cold timing)")
     o.add_argument("--jobs", type=int, default=None,
@@ -493,8 +503,11 @@ def check_call(fn: Callable[[], None], inp: Inputs, ref: tuple, rtol: float) -> 
 # --- timing -------------------------------------------------------------------------------------
 
 
+PREQUEUE_CYCLES = 100_000  # ~50 µs at the H200's 1.98 GHz: the host enqueues a replay in less
+
+
 def time_call(fn: Callable[[], None], device: str, max_replays: int, target_ms: float = 60.0,
-              calls_per_fn: int = 1) -> tuple[float, int]:
+              calls_per_fn: int = 1, prequeue: bool = True) -> tuple[float, int]:
     """(median µs of one kernel call, replays). GPU: CUDA-graph replays, as many as fit in about
     ``target_ms`` (at least 20, at most ``max_replays``). CPU: the wall time of one call."""
     if device != "cuda":
@@ -513,7 +526,8 @@ def time_call(fn: Callable[[], None], device: str, max_replays: int, target_ms: 
     end.synchronize()
     est_us = max(start.elapsed_time(end) * 1e3 / 3, 1.0)
     replays = int(min(max_replays, max(20, target_ms * 1e3 / est_us)))
-    return time_cuda_graph(fn, replays=replays) / calls_per_fn, replays
+    cycles = PREQUEUE_CYCLES if prequeue else 0
+    return time_cuda_graph(fn, replays=replays, prequeue_cycles=cycles) / calls_per_fn, replays
 
 
 # --- parallel compile: worker processes run each launch variant once, filling triton's disk
@@ -713,14 +727,15 @@ def run_case(api: Api, case: Case, args: argparse.Namespace, device: str, ceilin
             sys.exit(1)
 
     fn = make_call(api, inp, case.qlen, splits, args.sm_scale, case.page_size, overrides)
-    t_us, replays = time_call(fn, device, args.replays, calls_per_fn=args.rotate)
+    t_us, replays = time_call(fn, device, args.replays, calls_per_fn=args.rotate,
+                               prequeue=not args.no_prequeue)
 
     nbytes, nflops = unique_bytes(case, act_bytes), flops(case)
     roof_us, bound = roofline(nbytes, nflops, ceilings["copy_TBps"], ceilings["bf16_mm_TFLOPs"])
     anchor_roof_us, _ = roofline(nbytes, nflops, ANCHOR_COPY_TBPS, ANCHOR_MM_TFLOPS)
     kvb = kv_bytes(case)
     row.update(
-        time_us=t_us, replays=replays, unique_bytes=nbytes, kv_bytes=kvb, flops=nflops,
+        time_us=t_us, replays=replays, prequeued=not args.no_prequeue, unique_bytes=nbytes, kv_bytes=kvb, flops=nflops,
         TBps=nbytes / (t_us * 1e-6) / 1e12, TFLOPs=nflops / (t_us * 1e-6) / 1e12,
         roofline_us=roof_us, roofline_bound=bound, roofline_frac=roof_us / t_us,
         roofline_us_anchor_ceilings=anchor_roof_us,
@@ -736,7 +751,8 @@ def run_case(api: Api, case: Case, args: argparse.Namespace, device: str, ceilin
         )
     if binp is not None:
         fnb = make_call(api, binp, 1, bsplits, args.sm_scale, case.page_size, None)
-        b_us, b_rep = time_call(fnb, device, args.replays, calls_per_fn=args.rotate)
+        b_us, b_rep = time_call(fnb, device, args.replays, calls_per_fn=args.rotate,
+                                 prequeue=not args.no_prequeue)
         row.update(baseline_us=b_us, baseline_replays=b_rep, baseline_num_kv_splits=bsplits,
                    baseline_config=bcfg, baseline_roofline_frac=roof_us / b_us,
                    speedup=b_us / t_us)

@@ -15,8 +15,11 @@ import pytest
 import torch
 
 import mla_ops  # noqa: F401  (registers torch.ops.mla)
+from mla_ops import platform
 from mla_ops.decode_verify import kernels
 from mla_ops.decode_verify.launch import (
+    _tma_descriptors,
+    select_verify_config,
     _unit_scale,
     decode_attention_fwd_verify,
     warmup_decode_attention_fwd_verify,
@@ -85,14 +88,25 @@ class Case:
 
 def make_case(device, *, batch, heads, qlen, lens, page, Lv=64, rope=32, real=None,
               dtype=torch.float32, cache_dtype=None, layout="4d", q_strided=False,
-              spare_pages=3) -> Case:
-    """Random q and cache; pages of each request scattered over the cache in random order."""
+              spare_pages=3, poison_past_end=False) -> Case:
+    """Random q and cache; pages of each request scattered over the cache in random order.
+
+    poison_past_end: every cache slot at or past its request's length (the rest of the last
+    page, the unused pages of the table, the spare pages) holds NaN, as a reused page can.
+    """
     cache_dtype = cache_dtype or dtype
     Lk = Lv + rope
     pages_per_req = max(1, math.ceil(max(lens) / page))
     num_pages = batch * pages_per_req + spare_pages
     layers = 3 if layout == "cross" else 1
     raw = torch.randn(num_pages, page, layers, Lk, device=device)
+    table = torch.randperm(num_pages, device=device)[: batch * pages_per_req]
+    if poison_past_end:
+        live = torch.zeros(num_pages, page, dtype=torch.bool, device=device)
+        for b, length in enumerate(lens):
+            for j, pg in enumerate(table[b * pages_per_req:(b + 1) * pages_per_req].tolist()):
+                live[pg, : max(0, min(page, length - j * page))] = True
+        raw[~live] = float("nan")
     if cache_dtype == FP8:
         k_scale = torch.tensor(0.37, device=device)
         raw = (raw / 0.37).clamp(-200, 200).to(FP8)
@@ -105,7 +119,6 @@ def make_case(device, *, batch, heads, qlen, lens, page, Lv=64, rope=32, real=No
         k_buffer = raw.reshape(num_pages * page, 1, Lk)
     else:
         k_buffer = raw
-    table = torch.randperm(num_pages, device=device)[: batch * pages_per_req]
     req_to_token = table.view(batch, pages_per_req).to(torch.int32)
     q = torch.randn(batch * qlen, heads, Lk + (32 if q_strided else 0), device=device).to(dtype)
     q = q[..., :Lk]
@@ -184,6 +197,82 @@ def test_split_caps_agree(device, config):
         o, lse = case.run(splits, config)
         torch.testing.assert_close(lse, lse1, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(o, o1, atol=1e-5, rtol=1e-5)
+
+
+# Launch features laid over a case's own config: K tiles by bulk tensor copies (TMA), the
+# persistent grid (the SM count mocked to 1 so that each program loops over several work items),
+# and stage 2 split by columns of o.
+FEATURES = {
+    "tma-qsplit": {"TMA": 1, "QSPLIT": 1},
+    "tma": {"TMA": 1},
+    "tma-swap": {**SWAP["swap-h32"], "BLOCK_N": 16, "TMA": 1, "QSPLIT": 1},
+    "persistent": {"PERSISTENT": 2},
+    "persistent-tma-swap": {**SWAP["swap-h16"], "BLOCK_N": 16, "TMA": 1, "PERSISTENT": 1},
+    "s2-block-dv": {"S2_BLOCK_DV": 16},
+}
+FEATURE_CASES = [
+    ("B2-H4-q2-p16-fp16", dict(batch=2, heads=4, qlen=2, lens=(45, 170), page=16,
+                               dtype=torch.float16)),
+    ("B2-H4-q2-p16-fp8", dict(batch=2, heads=4, qlen=2, lens=(45, 170), page=16,
+                              dtype=torch.float16, cache_dtype=FP8)),
+    ("B3-H3-q3-p64-fp32-128+64-cross-real", dict(batch=3, heads=3, qlen=3, lens=(2, 64, 150),
+                                                real=(2, 0, 100), page=64, Lv=128, rope=64,
+                                                layout="cross")),
+]
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("kw", [c[1] for c in FEATURE_CASES], ids=[c[0] for c in FEATURE_CASES])
+def test_launch_features_match_reference(device, kw, feature):
+    """Each launch feature, with several splits and one, on a cache that is NaN past every
+    request's end (the bulk copies read whole pages; only the masked tail may touch them)."""
+    case = make_case(device, poison_past_end=True, **kw)
+    config = {**SMALL_SPLITS, **FEATURES[feature]}
+    with platform.mock_platform("sm_90", sm_count=1):
+        if config.get("TMA"):
+            # The bulk copy applies to 16-bit caches; fp8 ones keep the pointer path (slower
+            # through TMA on the H200, see launch._tma_descriptors).
+            cfg = {**select_verify_config(2, case.qlen, case.q.shape[1]), **config}
+            Lk, Lv = case.k_buffer.shape[-1], case.Lv
+            desc = _tma_descriptors(case.k_buffer, case.page_size, Lk, Lv, cfg, platform.current())[0]
+            assert (desc is None) == (kw.get("cache_dtype") == FP8), "TMA applied wrongly"
+        for splits in (1, 3):
+            o, lse = case.run(splits, config)
+            assert_matches(case, o, lse, kw.get("cache_dtype"))
+
+
+@pytest.mark.parametrize("why,kw,config", [
+    ("page-not-multiple-of-block", dict(page=1, layout="3d"), {}),
+    ("split-align-not-multiple", dict(page=16), {"SPLIT_ALIGN": 8, "BLOCK_N": 16}),
+    ("box-wider-than-256", dict(page=16, Lv=512, rope=64), {"QSPLIT": 0}),
+    ("token-stride-unaligned", dict(page=16, dtype=torch.float16), {"pad_tokens": 4}),  # 200 B
+])
+def test_tma_falls_back_where_it_does_not_apply(device, why, kw, config):
+    """Where a bulk tensor copy cannot describe the cache, the pointer path runs the same
+    config (and stays right)."""
+    case = make_case(device, batch=2, heads=2, qlen=2, lens=(20, 40), **kw)
+    config = dict(config)
+    pad = config.pop("pad_tokens", 0)
+    if pad:  # the same cache in a wider buffer: token stride Lk + pad elements
+        wide = torch.randn(*case.k_buffer.shape[:-1], case.k_buffer.shape[-1] + pad,
+                           device=device).to(case.k_buffer.dtype)
+        wide[..., :-pad] = case.k_buffer
+        case.k_buffer, case.v_buffer = wide[..., :-pad], wide[..., :case.Lv]
+    config = {"BLOCK_N": 16, "SPLIT_ALIGN": 16, "MIN_SPLIT_LEN": 16, "TMA": 1, **config}
+    cfg = {**select_verify_config(2, 2, 2), **config}
+    Lk, Lv = case.k_buffer.shape[-1], case.Lv
+    assert _tma_descriptors(case.k_buffer, case.page_size, Lk, Lv, cfg, platform.current()) == (None, None)
+    o, lse = case.run(2, config)
+    assert_matches(case, o, lse)
+
+
+def test_poisoned_cache_pointer_path(device):
+    """The pointer path's masked tail never lets NaN past a request's end into the output."""
+    case = make_case(device, batch=3, heads=4, qlen=2, lens=(1, 37, 100), page=16,
+                     poison_past_end=True)
+    for config, splits in ((None, 1), (SMALL_SPLITS, 4), ({**SMALL_SPLITS, **SWAP["swap-h32"]}, 3)):
+        o, lse = case.run(splits, config)
+        assert_matches(case, o, lse)
 
 
 def test_op_matches_function_bitwise(device):
@@ -339,6 +428,64 @@ def test_gpu_swap_ab_matches_reference(device, kw, splits, dtype_name, config):
     case = make_case(device, Lv=512, rope=64, dtype=dtype, cache_dtype=cache_dtype, **kw)
     o, lse = case.run(splits, config)
     assert_matches(case, o, lse, cache_dtype)
+
+
+GPU_FEATURES = {
+    "tma-swap-h32-qsplit": {**GPU_SWAP["swap-h32-qsplit"], "TMA": 1},
+    "tma-h64-qsplit": {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "QSPLIT": 1,
+                       "TMA": 1},
+    "persistent-swap-h32": {**GPU_SWAP["swap-h32"], "PERSISTENT": 1},
+    "persistent-tma-h64": {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
+                           "QSPLIT": 1, "TMA": 1, "PERSISTENT": 2},
+    "s2-block-dv-128": {"S2_BLOCK_DV": 128, "S2_BLOCK_S": 32},
+    "pdl-s2-block-dv-64": {"PDL": 1, "S2_BLOCK_DV": 64},
+}
+GPU_FEATURE_SHAPES = ("B4-H16-q2-p64", "B2-H128-q5-p128", "B1-H16-q2-p64-32k",
+                      "B2-H16-q8-p64-cross-qstrided", "B2-H64-q4-p1")
+GPU_FEATURE_PARAMS = [
+    pytest.param(kw, splits, dt, GPU_FEATURES[f], id=f"{name}-{dt}-{f}")
+    for name, kw, splits, dts in GPU_SHAPES if name in GPU_FEATURE_SHAPES
+    for dt in dts if dt in ("bf16", "fp8")
+    for f in GPU_FEATURES
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw,splits,dtype_name,config", GPU_FEATURE_PARAMS)
+def test_gpu_launch_features_match_reference(device, kw, splits, dtype_name, config):
+    """TMA, the persistent grid and the column-split stage 2 at serving shapes, on a cache
+    that is NaN past every request's end (page 1 falls back to the pointer path)."""
+    dtype, cache_dtype = GPU_DTYPES[dtype_name]
+    case = make_case(device, Lv=512, rope=64, dtype=dtype, cache_dtype=cache_dtype,
+                     poison_past_end=True, **kw)
+    for s in sorted({1, splits}):
+        o, lse = case.run(s, config)
+        assert_matches(case, o, lse, cache_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("feature", ["tma-swap-h32-qsplit", "persistent-tma-h64", "pdl-s2-block-dv-64"])
+def test_gpu_features_capture_and_replay(device, feature):
+    """Each launch feature captured in a CUDA graph (host descriptors baked in, the persistent
+    grid, the programmatic edge of PDL) replays right on new lengths, tables and queries."""
+    config = GPU_FEATURES[feature]
+    batch, heads, qlen, page, pages_per, splits = 4, 16, 2, 64, 24, 4
+    case = make_case(device, batch=batch, heads=heads, qlen=qlen, lens=(page * pages_per,) * batch,
+                     page=page, Lv=512, rope=64, dtype=torch.bfloat16, poison_past_end=False)
+    o, lse, logits = case.outputs(splits)
+    case.run(splits, config)  # compiles outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        decode_attention_fwd_verify(*case.args(o, lse, logits, splits), config=config)
+    for _ in range(3):
+        case.seq_lens.copy_(torch.randint(1, page * pages_per + 1, (batch,), device=device,
+                                          dtype=torch.int32))
+        case.req_to_token.copy_(case.req_to_token[torch.randperm(batch, device=device)])
+        case.q.normal_()
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        assert_matches(case, o, lse)
 
 
 @pytest.mark.gpu

@@ -20,7 +20,16 @@ Config keys:
   N is any multiple of 8, so a 32-row tile (H=16, qlen=2) pads no MMA. Combines with QSPLIT.
 - ``SPLIT_ALIGN`` / ``MIN_SPLIT_LEN``: a request of length L is cut into chunks of
   ``max(cdiv(L, splits), MIN_SPLIT_LEN)`` rounded up to ``SPLIT_ALIGN``.
-- ``S2_BLOCK_S`` / ``s2_num_warps``: splits per step and warps of the stage-2 merge.
+- ``S2_BLOCK_S`` / ``s2_num_warps``: splits per step and warps of the stage-2 merge;
+  ``S2_BLOCK_DV``: columns of ``o`` per stage-2 program (0: all ``Lv``), more programs for
+  few rows.
+- ``TMA``: load K tiles by bulk tensor copies through host-built descriptors where they apply
+  (CUDA capability 9+, pages a multiple of ``BLOCK_N``, aligned strides; see
+  ``launch._tma_descriptors``), else the pointer path.
+- ``PDL``: launch stage 2 as a programmatic dependent of stage 1 (CUDA capability 9+), so
+  its launch overlaps stage 1's tail.
+- ``PERSISTENT``: 0, or stage-1 programs per SM: a grid of ``PERSISTENT * SMs`` programs loops
+  over the (row block, request, split) work when there is more of it.
 - HIP only: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack`` (launch kwargs).
 """
 
@@ -58,6 +67,10 @@ VERIFY_DEFAULT_CONFIG: dict[str, Any] = {
     "MIN_SPLIT_LEN": 256,
     "S2_BLOCK_S": 8,
     "s2_num_warps": 4,
+    "S2_BLOCK_DV": 0,
+    "TMA": 0,
+    "PERSISTENT": 0,
+    "PDL": 0,
 }
 
 # MI300X, as the seed describes its sweeps (bf16, page 16): few rows (B*qlen*H <= 640) take

@@ -6,7 +6,8 @@ Stage 1: one program per (row block, request, KV split). A row block is ``BLOCK_
 ``[BLOCK_N, Lk]`` once through the block table and uses it for all of its rows: as K for
 ``QK = q_main @ k_main^T + q_pe @ k_pe^T`` and, its first ``Lv`` columns, as V for ``P @ V``.
 
-Stage 2: one program per (row, head) merges that row's existing splits by their LSE.
+Stage 2: one program per (row, head, column block of o) merges that row's existing splits by
+their LSE.
 
 Scores are kept in log2 units (``sm_scale * log2(e)`` folded into one scale) so the softmax
 uses ``exp2``; the LSE written out is natural-log.
@@ -14,6 +15,7 @@ uses ``exp2``; the LSE written out is natural-log.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _LN2 = tl.constexpr(0.6931471805599453)
 
@@ -87,11 +89,11 @@ def _load_tile(ptrs, mask, MASKED: tl.constexpr):
 def _attend_block(
     acc0, acc1, m_i, l_i,
     q0, q1, q_pe,
-    K_Buffer, Req_to_Token, req_row, start_n, kv_end, row_lim,
+    K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end, row_lim,
     stride_kpage, stride_ktok, qk_scale,
     BLOCK_N: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DPE: tl.constexpr,
     PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, QSPLIT: tl.constexpr, MASKED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SWAP_AB: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SWAP_AB: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """One KV block ``[start_n, start_n + BLOCK_N)`` for all rows of the tile (online softmax).
 
@@ -101,34 +103,56 @@ def _attend_block(
     SWAP_AB: the transposed problem (see ``_score_dot``). q0 / q1 / q_pe are ``[D, BLOCK_H]``,
     acc0 / acc1 ``[D, BLOCK_H]``, the scores ``[BLOCK_N, BLOCK_H]``; the key axis, along which
     the softmax reduces, is axis 0 instead of 1. Everything else is shared.
+
+    USE_TMA: the tile comes by bulk tensor copies through the host-built descriptors ``K_Desc``
+    (``[num_pages, PAGE_SIZE, Lk]`` boxes ``[1, BLOCK_N, D0]``) and ``Kpe_Desc`` (boxes
+    ``[1, BLOCK_N, BLOCK_DPE]``), addressed by (page, token in page, column): one table read
+    per block (the launcher only sets it with ONE_PAGE). Only unmasked blocks use it: the
+    tokens of a page past ``kv_end`` are inside the descriptor's bounds and may hold NaN, and
+    zeroing them would take the tile through registers, so the tail blocks keep the masked
+    pointer loads.
     """
     KEY_AX: tl.constexpr = 1 - SWAP_AB  # axis of the scores along which keys run
     offs_n = start_n + tl.arange(0, BLOCK_N)
     load_mask = offs_n < kv_end  # [BLOCK_N]
-    kv_off = _kv_offsets(Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage,
-                         stride_ktok, PAGE_SIZE, ONE_PAGE, MASKED)  # [BLOCK_N] int64
     HALF: tl.constexpr = BLOCK_DMODEL // 2
+    D0: tl.constexpr = HALF if QSPLIT else BLOCK_DMODEL
     if QSPLIT:
         offs_d = tl.arange(0, HALF)
     else:
         offs_d = tl.arange(0, BLOCK_DMODEL)
-    p_k0 = K_Buffer + kv_off[:, None] + offs_d[None, :]
-    k0 = _load_tile(p_k0, load_mask[:, None], MASKED)  # [BLOCK_N, D0]
+    TMA_HERE: tl.constexpr = USE_TMA and not MASKED
+    if TMA_HERE:
+        page = tl.load(Req_to_Token + req_row + start_n // PAGE_SIZE)
+        tok0 = start_n % PAGE_SIZE
+        k0 = K_Desc.load([page, tok0, 0]).reshape(BLOCK_N, D0)
+        kv_off = offs_n  # unused
+        p_k0 = K_Buffer  # unused
+    else:
+        kv_off = _kv_offsets(Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage,
+                             stride_ktok, PAGE_SIZE, ONE_PAGE, MASKED)  # [BLOCK_N] int64
+        p_k0 = K_Buffer + kv_off[:, None] + offs_d[None, :]
+        k0 = _load_tile(p_k0, load_mask[:, None], MASKED)  # [BLOCK_N, D0]
     if not SWAP_AB:
         # An fp8 cache is converted in registers, once for both dots. (SWAP_AB converts at
         # each dot instead, so that no converted [BLOCK_N, Lv] copy lives across the softmax.)
         k0 = k0.to(q0.dtype)
     qk = _score_dot(q0, k0, None, SWAP_AB, DOT_PRECISION)  # [BLOCK_H, BLOCK_N] fp32 (SWAP_AB: transposed)
     if QSPLIT:
-        p_k1 = p_k0 + HALF
-        k1 = _load_tile(p_k1, load_mask[:, None], MASKED)  # [BLOCK_N, HALF]
+        if TMA_HERE:
+            k1 = K_Desc.load([page, tok0, HALF]).reshape(BLOCK_N, HALF)
+        else:
+            k1 = _load_tile(p_k0 + HALF, load_mask[:, None], MASKED)  # [BLOCK_N, HALF]
         if not SWAP_AB:
             k1 = k1.to(q0.dtype)
         qk = _score_dot(q1, k1, qk, SWAP_AB, DOT_PRECISION)
     if BLOCK_DPE > 0:
-        offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
-        p_kpe = K_Buffer + kv_off[:, None] + offs_dpe[None, :]
-        k_pe = _load_tile(p_kpe, load_mask[:, None], MASKED)  # [BLOCK_N, BLOCK_DPE]
+        if TMA_HERE:
+            k_pe = Kpe_Desc.load([page, tok0, BLOCK_DMODEL]).reshape(BLOCK_N, BLOCK_DPE)
+        else:
+            offs_dpe = BLOCK_DMODEL + tl.arange(0, BLOCK_DPE)
+            p_kpe = K_Buffer + kv_off[:, None] + offs_dpe[None, :]
+            k_pe = _load_tile(p_kpe, load_mask[:, None], MASKED)  # [BLOCK_N, BLOCK_DPE]
         qk = _score_dot(q_pe, k_pe.to(q0.dtype), qk, SWAP_AB, DOT_PRECISION)
     qk = qk * qk_scale
     if MASKED:
@@ -152,7 +176,7 @@ def _attend_block(
         v1 = k1
     else:
         v1 = k0  # unused
-    V_T: tl.constexpr = SWAP_AB and K_Buffer.dtype.element_ty != q0.dtype
+    V_T: tl.constexpr = SWAP_AB and (K_Buffer.dtype.element_ty != q0.dtype) and not TMA_HERE
     if V_T:
         # A converted (fp8) cache under SWAP_AB: V^T is read again, transposed, instead of
         # transposing K in registers. Triton feeds a converted wgmma operand from registers, and
@@ -171,10 +195,13 @@ def _attend_block(
     return acc0, acc1, m_new, l_i
 
 
-@triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "batch", "num_kv_splits"])
-def _fwd_verify_stage1(
+@triton.jit
+def _stage1_program(
+    pid,
     Q,  # [B*qlen, H, Lk]
     K_Buffer,  # paged latent cache, element offsets computed from the page / token strides
+    K_Desc,  # USE_TMA: descriptor of K_Buffer as [num_pages, PAGE_SIZE, Lk], boxes [1, BLOCK_N, D0]
+    Kpe_Desc,  # USE_TMA: the same, boxes [1, BLOCK_N, BLOCK_DPE] (None otherwise)
     qk_scale,  # sm_scale * log2(e)
     Req_to_Token,  # [B, max_pages] int32
     Seq_Lens,  # [B] int32
@@ -212,11 +239,12 @@ def _fwd_verify_stage1(
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 q (no silent tf32), "tf32" (unused) otherwise
     FP8_DOT_FP16: tl.constexpr,  # fp8 cache with a bf16 q: dots in fp16 (see below)
     SWAP_AB: tl.constexpr,  # run the transposed problem (rows = the MMA's N); see _score_dot
+    USE_TMA: tl.constexpr,  # K tiles by bulk tensor copies (see _attend_block)
 ):
+    """Stage 1 for one (row block, request, split) ``pid``; see ``_fwd_verify_stage1``."""
     ROW_BLOCKS: tl.constexpr = (QLEN * NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     # Row blocks vary fastest so the row blocks of one (request, split) run side by side and
     # share its KV tiles through L2.
-    pid = tl.program_id(0)
     pid_rb = pid % ROW_BLOCKS
     pid_bs = pid // ROW_BLOCKS
     pid_s = pid_bs % num_kv_splits
@@ -294,18 +322,20 @@ def _fwd_verify_stage1(
     # Blocks below every row's limit: no masks.
     for start_n in range(split_start, full_end, BLOCK_N):
         acc0, acc1, m_i, l_i = _attend_block(
-            acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, Req_to_Token, req_row, start_n, kv_end,
+            acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end,
             row_lim, stride_kpage, stride_ktok, qk_scale,
             BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, False, DOT_PRECISION, SWAP_AB,
+            USE_TMA,
         )
     # The tail where rows' limits (or the split end) fall: loads bounded by kv_end, scores by
     # each row's limit.
     row_lim_split = tl.minimum(row_lim, kv_end)
     for start_n in range(full_end, kv_end, BLOCK_N):
         acc0, acc1, m_i, l_i = _attend_block(
-            acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, Req_to_Token, req_row, start_n, kv_end,
+            acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end,
             row_lim_split, stride_kpage, stride_ktok, qk_scale,
             BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, True, DOT_PRECISION, SWAP_AB,
+            USE_TMA,
         )
 
     # Rows that saw no key (lim == 0, or nothing of theirs in this split): o = 0, lse = -inf.
@@ -334,6 +364,83 @@ def _fwd_verify_stage1(
         tl.store(p_mid_lse, lse, mask=row_valid)
 
 
+
+
+@triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "batch", "num_kv_splits"])
+def _fwd_verify_stage1(
+    Q,  # [B*qlen, H, Lk]
+    K_Buffer,  # paged latent cache, element offsets computed from the page / token strides
+    K_Desc,  # USE_TMA: descriptor of K_Buffer as [num_pages, PAGE_SIZE, Lk], boxes [1, BLOCK_N, D0]
+    Kpe_Desc,  # USE_TMA: the same, boxes [1, BLOCK_N, BLOCK_DPE] (None otherwise)
+    qk_scale,  # sm_scale * log2(e)
+    Req_to_Token,  # [B, max_pages] int32
+    Seq_Lens,  # [B] int32
+    Real_Lens,  # [B] int32 (Seq_Lens when HAS_REAL is False)
+    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32 (o when SINGLE)
+    O,  # [B*qlen, H, Lv]
+    Lse,  # [B*qlen, H] fp32
+    stride_req_b,
+    stride_qm,
+    stride_qh,
+    stride_kpage,
+    stride_ktok,
+    stride_mid_m,
+    stride_mid_h,
+    stride_mid_s,
+    stride_om,
+    stride_oh,
+    stride_lm,
+    stride_lh,
+    K_Scale,  # [] fp32
+    batch,
+    num_kv_splits,
+    QLEN: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    HAS_REAL: tl.constexpr,
+    BLOCK_DMODEL: tl.constexpr,
+    BLOCK_DPE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr,
+    MIN_SPLIT_LEN: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    QSPLIT: tl.constexpr,
+    SINGLE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 q (no silent tf32), "tf32" (unused) otherwise
+    FP8_DOT_FP16: tl.constexpr,  # fp8 cache with a bf16 q: dots in fp16 (see below)
+    SWAP_AB: tl.constexpr,  # run the transposed problem (rows = the MMA's N); see _score_dot
+    USE_TMA: tl.constexpr,  # K tiles by bulk tensor copies (see _attend_block)
+    PERSISTENT: tl.constexpr,  # grid smaller than the work: each program loops over pids
+    USE_PDL: tl.constexpr,  # stage 2 follows by programmatic dependent launch (see stage 2)
+):
+    if USE_PDL:
+        # Stage 2 may be launched now; it waits for this grid's completion before reading Mid.
+        gdc_launch_dependents()
+    if PERSISTENT:
+        # Programs stride over the (row block, request, split) ids in launch order, so the
+        # ones running at a time still share their requests' KV tiles through L2.
+        ROW_BLOCKS: tl.constexpr = (QLEN * NUM_HEADS + BLOCK_H - 1) // BLOCK_H
+        total = ROW_BLOCKS * batch * num_kv_splits
+        for pid in range(tl.program_id(0), total, tl.num_programs(0)):
+            _stage1_program(
+                pid, Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens,
+                Mid, O, Lse, stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok,
+                stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm,
+                stride_lh, K_Scale, batch, num_kv_splits, QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL,
+                BLOCK_DPE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE,
+                DOT_PRECISION, FP8_DOT_FP16, SWAP_AB, USE_TMA,
+            )
+    else:
+        _stage1_program(
+            tl.program_id(0), Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens,
+            Real_Lens, Mid, O, Lse, stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok,
+            stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
+            K_Scale, batch, num_kv_splits, QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL, BLOCK_DPE,
+            BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE, DOT_PRECISION,
+            FP8_DOT_FP16, SWAP_AB, USE_TMA,
+        )
+
+
 @triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits"])
 def _fwd_verify_stage2(
     Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32
@@ -356,9 +463,15 @@ def _fwd_verify_stage2(
     BLOCK_S: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     Lv: tl.constexpr,
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent of stage 1
 ):
+    if USE_PDL:
+        # Launched before stage 1 has finished (its launch latency hidden behind stage 1's
+        # tail); this waits until stage 1 completed and its writes are visible.
+        gdc_wait()
     pid_m = tl.program_id(0)  # q row b * qlen + t
     pid_h = tl.program_id(1)
+    pid_d = tl.program_id(2)  # columns [pid_d * BLOCK_DV, (pid_d + 1) * BLOCK_DV) of o
     pid_b = pid_m // QLEN
     tok = pid_m % QLEN
     seq_len = tl.load(Seq_Lens + pid_b)
@@ -372,7 +485,7 @@ def _fwd_verify_stage2(
     chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
     n_splits = tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
 
-    offs_d = tl.arange(0, BLOCK_DV)
+    offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
     mask_d = offs_d < Lv
     p_mid = Mid + pid_m.to(tl.int64) * stride_mid_m + pid_h * stride_mid_h
     m_i = float("-inf")
@@ -396,4 +509,5 @@ def _fwd_verify_stage2(
     lse = tl.where(has_key, m_i + tl.log(tl.where(has_key, l_i, 1.0)), float("-inf"))
     tl.store(O + pid_m.to(tl.int64) * stride_om + pid_h * stride_oh + offs_d,
              out.to(O.dtype.element_ty), mask=mask_d)
-    tl.store(Lse + pid_m.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)
+    if pid_d == 0:
+        tl.store(Lse + pid_m.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import checks, platform
 from ..checks import FP8_DTYPES
@@ -105,6 +106,45 @@ def _cache_strides(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int]:
     return k_buffer.stride(0) * page_size, k_buffer.stride(0)
 
 
+def _is_sm90_plus(device: torch.device, plat) -> bool:
+    """A CUDA GPU of capability 9.0 or more (TMA, programmatic dependent launch)."""
+    return (plat.is_cuda and not plat.interpret and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
+    """Host-built tensor descriptors of the cache for ``cfg["TMA"]``, or ``(None, None)`` where
+    the bulk tensor copy does not apply (the pointer path then runs the same config).
+
+    The cache is described as ``[num_pages, page_size, Lk]`` with its own page and token strides
+    (a cross-layer view included), boxes ``[1, BLOCK_N, D0]`` for the ``Lv`` part (``D0``: half
+    of it with QSPLIT) and ``[1, BLOCK_N, Lk - Lv]`` for the rope part. It needs a CUDA GPU of
+    capability 9 or more (or the interpreter), blocks that never straddle a page, boxes of at
+    most 256 elements and 16-byte aligned base and strides. The descriptor is a kernel argument
+    passed by value, so a captured graph holds it and a launch allocates nothing.
+    """
+    if not cfg["TMA"] or k_buffer.dtype in FP8_DTYPES:
+        # fp8: measured 2.3x slower through TMA on the H200 (M4; benchmarks/NOTES.md v3): the
+        # tile is converted from shared memory in registers either way.
+        return None, None
+    if not plat.interpret and not _is_sm90_plus(k_buffer.device, plat):
+        return None, None
+    block_n = cfg["BLOCK_N"]
+    d0 = Lv // 2 if cfg["QSPLIT"] else Lv
+    dpe = Lk - Lv
+    if page_size % block_n or cfg["SPLIT_ALIGN"] % block_n or d0 > 256 or dpe > 256 or dpe == 0:
+        return None, None
+    stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
+    esize = k_buffer.element_size()
+    if k_buffer.data_ptr() % 16 or (stride_kpage * esize) % 16 or (stride_ktok * esize) % 16:
+        return None, None
+    num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
+    shape = [num_pages, page_size, Lk]
+    strides = [stride_kpage, stride_ktok, 1]
+    return (TensorDescriptor(k_buffer, shape, strides, [1, block_n, d0]),
+            TensorDescriptor(k_buffer, shape, strides, [1, block_n, dpe]))
+
+
 def decode_attention_fwd_verify(
     q,
     k_buffer,
@@ -175,10 +215,18 @@ def decode_attention_fwd_verify(
     launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if plat.is_hip:
         launch_kw.update({k: cfg[k] for k in HIP_LAUNCH_KEYS if k in cfg})
+    k_desc, kpe_desc = _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat)
 
-    grid = (verify_row_blocks(qlen, num_heads, cfg["BLOCK_H"]) * batch * num_kv_splits,)
+    # Programmatic dependent launch of stage 2 (CUDA capability 9+; captured in graphs as a
+    # programmatic edge).
+    use_pdl = bool(cfg["PDL"]) and not single and _is_sm90_plus(q.device, plat)
+    programs = verify_row_blocks(qlen, num_heads, cfg["BLOCK_H"]) * batch * num_kv_splits
+    # PERSISTENT: never more programs than that many per SM, each looping over the work (one
+    # compiled variant whatever the batch: the loop runs once when the work fits).
+    persistent = cfg["PERSISTENT"] > 0
+    grid = (min(programs, cfg["PERSISTENT"] * plat.sm_count) if persistent else programs,)
     kernels._fwd_verify_stage1[grid](
-        q, k_buffer, sm_scale * _LOG2E, req_to_token, seq_lens, real, mid, o, lse,
+        q, k_buffer, k_desc, kpe_desc, sm_scale * _LOG2E, req_to_token, seq_lens, real, mid, o, lse,
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
@@ -198,11 +246,17 @@ def decode_attention_fwd_verify(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP8_DOT_FP16=k_buffer.dtype in FP8_DTYPES and q.dtype == torch.bfloat16,
         SWAP_AB=int(bool(cfg["SWAP_AB"])),
+        USE_TMA=k_desc is not None,
+        PERSISTENT=persistent,
+        USE_PDL=use_pdl,
         **launch_kw,
     )
     if single:
         return
-    kernels._fwd_verify_stage2[(num_rows, num_heads)](
+    block_dv = triton.next_power_of_2(Lv)
+    if cfg["S2_BLOCK_DV"]:
+        block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
+    kernels._fwd_verify_stage2[(num_rows, num_heads, triton.cdiv(Lv, block_dv))](
         attn_logits, o, lse, seq_lens, real,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
@@ -212,10 +266,12 @@ def decode_attention_fwd_verify(
         SPLIT_ALIGN=cfg["SPLIT_ALIGN"],
         MIN_SPLIT_LEN=cfg["MIN_SPLIT_LEN"],
         BLOCK_S=cfg["S2_BLOCK_S"],
-        BLOCK_DV=triton.next_power_of_2(Lv),
+        BLOCK_DV=block_dv,
         Lv=Lv,
+        USE_PDL=use_pdl,
         num_warps=cfg["s2_num_warps"],
         num_stages=1,
+        **({"launch_pdl": True} if use_pdl else {}),
     )
 
 
