@@ -208,6 +208,7 @@ _KNOB_FLAGS = {  # flag dest -> config key
     "s2_block_dv": "S2_BLOCK_DV",
     "tma": "TMA",
     "persistent": "PERSISTENT",
+    "pdl": "PDL",
 }
 
 
@@ -251,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--s2-block-dv", type=int, help="columns of o per stage-2 program (0: all)")
     k.add_argument("--tma", type=int, choices=(0, 1), help="K tiles by bulk tensor copies")
     k.add_argument("--persistent", type=int, help="stage-1 programs per SM (0: one per work item)")
+    k.add_argument("--pdl", type=int, choices=(0, 1), help="stage 2 by programmatic dependent launch")
     o = p.add_argument_group("measurement")
     o.add_argument("--no-baseline", action="store_true", help="skip the qlen=1 feed")
     o.add_argument("--no-ceilings", action="store_true",

@@ -129,6 +129,12 @@ class Space:
     s2_num_warps: tuple = (1, 2, 4, 8)
     # Swap-AB tiles (rows as wgmma's N): one warpgroup, small row tiles, BLOCK_N as M.
     swap_ab_tiles: tuple = ((16, 64, 4), (32, 32, 4), (32, 64, 4))  # (BLOCK_H, BLOCK_N, warps)
+    # Launch features (v3): K tiles by TMA (16-bit caches only: fp8 falls back), the
+    # persistent grid, stage 2 split by columns, stage 2 by programmatic dependent launch.
+    TMA: tuple = (0, 1)
+    PERSISTENT: tuple = (0, 1)
+    S2_BLOCK_DV: tuple = (0, 64)
+    PDL: tuple = (0, 1)
     split_factors: tuple = (0.5, 2, 4)  # around verify_num_kv_splits (plus 1 split)
     pipeline_top: int = 2  # tiles of each tile point whose stages / QSPLIT are explored
     grid_candidates: int = 3  # best configs of the nearest tile points tried per grid point
@@ -136,7 +142,7 @@ class Space:
 
 
 # About a third of the full sweep's compiles: fits one 240 s budget more surely.
-QUICK_SPACE = Space(BLOCK_H=(32, 64), BLOCK_N=(32, 64), num_warps=(4, 8), num_stages=(2, 3, 4),
+QUICK_SPACE = Space(BLOCK_H=(32, 64), BLOCK_N=(32, 64), num_warps=(4, 8), num_stages=(1, 2, 3),
                     QSPLIT=(0, 1), MIN_SPLIT_LEN=(128, 256, 512), S2_BLOCK_S=(8, 16),
                     s2_num_warps=(2, 4), split_factors=(0.5, 2), pipeline_top=1,
                     grid_candidates=2, anchors_only=True)
@@ -146,9 +152,10 @@ INTERPRET_SPACE = Space(BLOCK_H=(16, 32), BLOCK_N=(16,), num_warps=(4,), num_sta
                         swap_ab_tiles=((16, 16, 4),),
                         QSPLIT=(0, 1), MIN_SPLIT_LEN=(16, 64), S2_BLOCK_S=(2, 8),
                         s2_num_warps=(4,), split_factors=(2,), pipeline_top=2,
-                        grid_candidates=1)
+                        grid_candidates=1, S2_BLOCK_DV=(0, 16))
 
-STAGES = ("default", "tile", "pipeline", "splitlen", "s2block", "s2warps", "splits", "grid")
+STAGES = ("default", "tile", "pipeline", "features", "splitlen", "s2block", "s2warps", "pdl",
+          "splits", "grid")
 
 
 def point_key(p: Case) -> str:
@@ -283,7 +290,13 @@ def plan_stage(stage: str, tiles: list[Case], grid: list[Case], res: Results,
             for c in res.top(pk, space.pipeline_top):
                 for ns, qs in itertools.product(space.num_stages, space.QSPLIT):
                     add(p, {**c, "num_stages": ns, "QSPLIT": qs})
-        elif best and stage in ("splitlen", "s2block", "s2warps", "splits"):
+        elif stage == "features":
+            for c in res.top(pk, space.pipeline_top):
+                for tma, pers in itertools.product(space.TMA, space.PERSISTENT):
+                    if tma and p.fp8:
+                        continue  # the launcher takes fp8 caches through the pointer path
+                    add(p, {**c, "TMA": tma, "PERSISTENT": pers})
+        elif best and stage in ("splitlen", "s2block", "s2warps", "pdl", "splits"):
             c = best[0]
             s = splits_of(p, c["BLOCK_H"])
             if stage == "splitlen":
@@ -292,11 +305,14 @@ def plan_stage(stage: str, tiles: list[Case], grid: list[Case], res: Results,
                     for m in space.MIN_SPLIT_LEN:
                         add(p, {**c, "MIN_SPLIT_LEN": m})
             elif stage == "s2block" and s > 1:
-                for b in space.S2_BLOCK_S:
-                    add(p, {**c, "S2_BLOCK_S": b})
+                for b, dv in itertools.product(space.S2_BLOCK_S, space.S2_BLOCK_DV):
+                    add(p, {**c, "S2_BLOCK_S": b, "S2_BLOCK_DV": dv})
             elif stage == "s2warps" and s > 1:
                 for w in space.s2_num_warps:
                     add(p, {**c, "s2_num_warps": w})
+            elif stage == "pdl" and s > 1:
+                for v in space.PDL:
+                    add(p, {**c, "PDL": v})
             elif stage == "splits":
                 for n in sorted({1, *(int(s * f) for f in space.split_factors)}):
                     n = max(1, min(n, 2 * sm_count))

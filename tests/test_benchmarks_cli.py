@@ -290,7 +290,7 @@ def _defaults(p):
     rows = p.B * p.qlen * p.H
     return {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "QSPLIT": 0,
             "SPLIT_ALIGN": 64, "MIN_SPLIT_LEN": 256 if rows <= 640 else 512, "S2_BLOCK_S": 16,
-            "s2_num_warps": 4, "SWAP_AB": 0}
+            "s2_num_warps": 4, "SWAP_AB": 0, "S2_BLOCK_DV": 0, "TMA": 0, "PERSISTENT": 0, "PDL": 0}
 
 
 def _splits_of(p, block_h):
