@@ -3,6 +3,7 @@
 #   bash benchmarks/h200_session.sh tune   # sweep the verify table, then benchmark both kernels
 #   bash benchmarks/h200_session.sh test   # GPU test suite with the extension built, main job
 #   bash benchmarks/h200_session.sh all    # sweep, then the suite and the benchmarks on its table
+# Env: RESUME=<sweep log> resumes a sweep, SWEEP_BUDGET (s), SUITE_TIMEOUT (s), SKIP_PREFILL=1.
 # Run from the repo root on the device (torch and triton of the image, no install: PYTHONPATH=.);
 # results land in $OUT. Carry .whl (expecttest) for the test suite.
 set -u
@@ -18,8 +19,9 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 
 sweep() {
   budget=${SWEEP_BUDGET:-210}
+  # RESUME=path/to/sweep_log.json: keep an earlier run's measurements, measure only what is new
   timeout $((budget + 60)) python3 benchmarks/sweep_decode_verify.py --quick --budget-s "$budget" \
-    --write "$OUT/sm_90.json" --log "$OUT/sweep_log.json" 2>&1 | tail -25
+    ${RESUME:+--resume "$RESUME"} --write "$OUT/sm_90.json" --log "$OUT/sweep_log.json" 2>&1 | tail -25
   if [ -s "$OUT/sm_90.json" ]; then cp "$OUT/sm_90.json" mla_ops/decode_verify/tables/sm_90.json; fi
 }
 suite() {
@@ -31,8 +33,10 @@ suite() {
 benches() {
   timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
     --json "$OUT/decode_verify.json" 2>&1 | tail -12
-  timeout 120 python3 benchmarks/benchmark_vit_prefill_attn.py --shape all --ceilings \
-    --json "$OUT/prefill.json" 2>&1 | tail -10
+  if [ -z "${SKIP_PREFILL:-}" ]; then
+    timeout 120 python3 benchmarks/benchmark_vit_prefill_attn.py --shape all --ceilings \
+      --json "$OUT/prefill.json" 2>&1 | tail -10
+  fi
 }
 
 case "${1:-test}" in

@@ -101,6 +101,7 @@ import torch  # noqa: E402
 
 from benchmarks import benchmark_decode_verify as bench  # noqa: E402
 from benchmarks.benchmark_decode_verify import LAUNCH_KEYS, Case  # noqa: E402
+from mla_ops.decode_verify.configs import MIN_SWAP_AB_STAGES  # noqa: E402
 from mla_ops.decode_verify.configs import VERIFY_DEFAULT_CONFIG  # noqa: E402
 
 HIP_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
@@ -264,9 +265,27 @@ Task = tuple  # (point, config, splits, heuristic)
 
 def plan_stage(stage: str, tiles: list[Case], grid: list[Case], res: Results,
                defaults: Callable[[Case], dict], splits_of: Callable[[Case, int], int],
-               space: Space, sm_count: int, heads_groups: list[list[int]]) -> list[Task]:
-    """The (point, config, splits, heuristic) tasks of ``stage`` not measured yet."""
+               space: Space, sm_count: int, heads_groups: list[list[int]],
+               qlen_groups: list[list[int]] | None = None) -> list[Task]:
+    """The (point, config, splits, heuristic) tasks of ``stage`` not measured yet.
+
+    The grid stage measures, at every point of a table bucket's bin (heads group, qlen group,
+    batch), the nearest winners of all of the bin's points, so that the configs the table
+    compares for that bin were timed on each of its points (a winner timed on one point only
+    cannot be chosen for the bin).
+    """
     tasks: list[Task] = []
+    bin_candidates: dict[tuple, list[dict]] = {}
+    if stage == "grid":
+        def bin_of(q: Case) -> tuple:
+            return (group_of(q.H, heads_groups),
+                    group_of(q.qlen, qlen_groups) if qlen_groups else q.qlen, q.B)
+
+        for q in grid:
+            cands = bin_candidates.setdefault(bin_of(q), [])
+            for c in nearest_winners(q, tiles, res, heads_groups, space.grid_candidates):
+                if c not in cands:
+                    cands.append(c)
 
     def add(p, cfg, splits=None):
         heuristic = splits is None
@@ -289,6 +308,8 @@ def plan_stage(stage: str, tiles: list[Case], grid: list[Case], res: Results,
         elif stage == "pipeline":
             for c in res.top(pk, space.pipeline_top):
                 for ns, qs in itertools.product(space.num_stages, space.QSPLIT):
+                    if c.get("SWAP_AB") and ns < MIN_SWAP_AB_STAGES:
+                        continue  # the launcher refuses it (see configs.MIN_SWAP_AB_STAGES)
                     add(p, {**c, "num_stages": ns, "QSPLIT": qs})
         elif stage == "features":
             for c in res.top(pk, space.pipeline_top):
@@ -320,7 +341,7 @@ def plan_stage(stage: str, tiles: list[Case], grid: list[Case], res: Results,
                         add(p, c, splits=n)
         elif stage == "grid":
             add(p, defaults(p))
-            for c in nearest_winners(p, tiles, res, heads_groups, space.grid_candidates):
+            for c in bin_candidates[bin_of(p)]:
                 add(p, c)
     # one task per key, points kept together
     seen, out = set(), []
@@ -909,7 +930,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runner.out_of_time = True
                 break
             tasks = plan_stage(stage, tiles, grid, res, runner.defaults, runner.splits_of, space,
-                               api.sm_count, args.heads_group_list)
+                               api.sm_count, args.heads_group_list, args.qlen_group_list)
             runner.run_stage(stage, tasks)
             if write_path:
                 write_table(write_path, table_now())

@@ -499,3 +499,35 @@ def test_compile_pool_reports_good_and_refused_variants():
             pool.run([bench.compile_spec(c, "fp16", 1, {"BLOCK_N": 32}, device="cuda")])
     finally:
         pool.close()
+
+
+def test_grid_stage_times_a_bins_candidates_on_each_of_its_points():
+    """Every point of a table bin (heads group, qlen group, batch) gets the same candidates, so
+    the bin's choice can weigh each of them on all its points (a q4-B1 winner timed only at
+    q4-B1 could not be chosen for a bin that also holds q8-B1)."""
+    grid = sweep.grid_points()
+    tiles = sweep.tile_points(grid)
+    res = sweep.Results()
+    for i, p in enumerate(tiles):  # a distinct winner per tile point
+        _ok(res, p, {**_defaults(p), "BLOCK_N": 16 + i}, 1.0)
+    qgroups = GROUPS_Q
+    tasks = sweep.plan_stage("grid", tiles, grid, res, _defaults, _splits_of, sweep.Space(), 132,
+                             GROUPS_H, qgroups)
+    per_point: dict[str, set] = {}
+    for p, c, s, h in tasks:
+        if c != _defaults(p):
+            per_point.setdefault(sweep.point_key(p), set()).add(sweep.config_key(c))
+    bins: dict[tuple, list[set]] = {}
+    for p in grid:
+        key = (sweep.group_of(p.H, GROUPS_H), sweep.group_of(p.qlen, qgroups), p.B)
+        bins.setdefault(key, []).append(per_point.get(sweep.point_key(p), set()))
+    # points already measured with a candidate drop it from their tasks: compare the union
+    assert any(len(v) > 1 for v in bins.values())
+    for key, sets in bins.items():
+        union = set().union(*sets)
+        for p in grid:
+            if (sweep.group_of(p.H, GROUPS_H), sweep.group_of(p.qlen, qgroups), p.B) != key:
+                continue
+            measured = {sweep.config_key(r["config"]) for r in res.records
+                        if r["point"] == sweep.point_key(p)}
+            assert union <= per_point.get(sweep.point_key(p), set()) | measured, key

@@ -464,6 +464,15 @@ def test_gpu_launch_features_match_reference(device, kw, splits, dtype_name, con
 
 
 @pytest.mark.gpu
+def test_gpu_unpipelined_swap_ab_refused(device):
+    """SWAP_AB with num_stages 1 gave wrong answers on the H200 (Triton 3.6): refused by name."""
+    case = make_case(device, batch=1, heads=16, qlen=2, lens=(300,), page=64, Lv=512, rope=64,
+                     dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="config: SWAP_AB"):
+        case.run(2, {**GPU_SWAP["swap-h32"], "num_stages": 1})
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("feature", ["tma-swap-h32-qsplit", "persistent-tma-h64", "pdl-s2-block-dv-64"])
 def test_gpu_features_capture_and_replay(device, feature):
     """Each launch feature captured in a CUDA graph (host descriptors baked in, the persistent

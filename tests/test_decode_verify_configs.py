@@ -151,3 +151,14 @@ def test_reachable_configs_cover_every_batch(arch):
                 reached = [c for _, c in configs.reachable_verify_configs(qlen, heads)]
                 for batch in range(1, 257):
                     assert select_verify_config(batch, qlen, heads) in reached
+
+
+def test_sm_table_with_unpipelined_swap_ab_is_rejected():
+    """num_stages 1 under SWAP_AB miscompiles on CUDA (Triton 3.6): no sm_* table may hold it."""
+    from mla_ops.decode_verify import configs
+
+    bad = {"arch": "sm_90", "buckets": [{"config": {"SWAP_AB": 1, "num_stages": 1}}]}
+    with pytest.raises(ValueError, match="SWAP_AB"):
+        configs._validate(bad)
+    configs._validate({"arch": "sm_90", "buckets": [{"config": {"SWAP_AB": 1, "num_stages": 2}}]})
+    configs._validate({"arch": "gfx942", "buckets": [{"config": {"SWAP_AB": 1, "num_stages": 1}}]})

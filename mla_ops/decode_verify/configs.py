@@ -43,6 +43,8 @@ from .. import platform
 
 __all__ = [
     "VERIFY_DEFAULT_CONFIG",
+    "MIN_SWAP_AB_STAGES",
+    "swap_ab_stages_ok",
     "TABLES",
     "HIP_LAUNCH_KEYS",
     "select_verify_config",
@@ -51,6 +53,11 @@ __all__ = [
 ]
 
 TABLE_DIR = pathlib.Path(__file__).parent / "tables"
+
+# The swap-AB loop unpipelined (num_stages 1) miscompiles on CUDA with Triton 3.6: on the H200
+# it gave wrong results, a compile error or an illegal address depending on the tile
+# (benchmarks/NOTES.md v3). The launcher refuses it there and tables must not select it.
+MIN_SWAP_AB_STAGES = 2
 
 # Launch kwargs that only exist on the HIP backend.
 HIP_LAUNCH_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
@@ -124,6 +131,15 @@ def _validate(table: dict[str, Any]) -> None:
         unknown = set(b["config"]) - set(VERIFY_DEFAULT_CONFIG) - set(HIP_LAUNCH_KEYS)
         if unknown:
             raise ValueError(f"config table {table['arch']}: unknown config keys {sorted(unknown)}")
+        cfg = {**VERIFY_DEFAULT_CONFIG, **b["config"]}
+        if table["arch"].startswith("sm_") and not swap_ab_stages_ok(cfg):
+            raise ValueError(f"config table {table['arch']}: SWAP_AB with num_stages "
+                             f"{cfg['num_stages']} (< {MIN_SWAP_AB_STAGES}) miscompiles on CUDA")
+
+
+def swap_ab_stages_ok(cfg: dict[str, Any]) -> bool:
+    """False for the swap-AB loop with fewer than MIN_SWAP_AB_STAGES stages (CUDA only)."""
+    return not cfg["SWAP_AB"] or cfg["num_stages"] >= MIN_SWAP_AB_STAGES
 
 
 TABLES: dict[str, dict[str, Any]] = {

@@ -17,7 +17,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .. import checks, platform
 from ..checks import FP8_DTYPES
 from . import kernels
-from .configs import HIP_LAUNCH_KEYS, VERIFY_DEFAULT_CONFIG, reachable_verify_configs, select_verify_config
+from .configs import (
+    HIP_LAUNCH_KEYS,
+    MIN_SWAP_AB_STAGES,
+    VERIFY_DEFAULT_CONFIG,
+    reachable_verify_configs,
+    select_verify_config,
+    swap_ab_stages_ok,
+)
 
 __all__ = [
     "decode_attention_fwd_verify",
@@ -198,6 +205,11 @@ def decode_attention_fwd_verify(
         if unknown:
             raise ValueError(f"config: unknown keys {sorted(unknown)}")
         cfg.update(config)
+        if plat.is_cuda and not plat.interpret and not swap_ab_stages_ok(cfg):
+            raise ValueError(
+                f"config: SWAP_AB with num_stages {cfg['num_stages']} miscompiles on CUDA "
+                f"(Triton 3.6: wrong results on the H200); use num_stages >= {MIN_SWAP_AB_STAGES}"
+            )
     num_rows = q.shape[0]
     if batch == 0:
         return
