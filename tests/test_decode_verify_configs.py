@@ -32,7 +32,8 @@ def _cfg_row(batch, qlen, heads):
     hip = "".join(f" {k}={c[k]}" for k in configs.HIP_LAUNCH_KEYS if k in c)
     return (f"B{batch}-q{qlen}-H{heads}: BH={c['BLOCK_H']} BN={c['BLOCK_N']} nw={c['num_warps']} "
             f"ns={c['num_stages']} qs={c['QSPLIT']} align={c['SPLIT_ALIGN']} "
-            f"min={c['MIN_SPLIT_LEN']} s2={c['S2_BLOCK_S']}/{c['s2_num_warps']}{hip} "
+            f"min={c['MIN_SPLIT_LEN']} s2={c['S2_BLOCK_S']}/{c['s2_num_warps']}/{c['S2_BLOCK_DV']}"
+            f" swap={c['SWAP_AB']} tma={c['TMA']} pers={c['PERSISTENT']} pdl={c['PDL']}{hip} "
             f"rb={verify_row_blocks(qlen, heads, c['BLOCK_H'])}")
 
 
@@ -54,48 +55,48 @@ def _splits(arch):
 class TestVerifyTables(expecttest.TestCase):
     def test_sm_90(self):
         self.assertExpectedInline(_table("sm_90"), """\
-B1-q2-H16: BH=16 BN=64 nw=4 ns=2 qs=0 align=64 min=128 s2=16/4 rb=2
-B32-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/2 rb=1
-B128-q4-H16: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=16/4 rb=1
-B16-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/2 rb=1
-B128-q1-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=16/4 rb=2
-B32-q4-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2 rb=8
-B16-q2-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2 rb=4
-B20-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/2 rb=1
-B21-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/2 rb=1
-B5-q1-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2 rb=2
-B6-q1-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2 rb=2
-B1-q8-H20: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=16/4 rb=3""")
+B1-q2-H16: BH=16 BN=64 nw=4 ns=2 qs=1 align=64 min=128 s2=16/4/64 swap=1 tma=1 pers=0 pdl=1 rb=2
+B32-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/4/0 swap=1 tma=1 pers=0 pdl=0 rb=1
+B128-q4-H16: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=16/4/0 swap=0 tma=1 pers=1 pdl=0 rb=1
+B16-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/4/0 swap=1 tma=1 pers=0 pdl=0 rb=1
+B128-q1-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2/0 swap=0 tma=1 pers=0 pdl=0 rb=2
+B32-q4-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2/0 swap=0 tma=1 pers=0 pdl=0 rb=8
+B16-q2-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2/0 swap=0 tma=1 pers=0 pdl=0 rb=4
+B20-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/4/0 swap=1 tma=1 pers=0 pdl=0 rb=1
+B21-q2-H16: BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/4/0 swap=1 tma=1 pers=0 pdl=0 rb=1
+B5-q1-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2/0 swap=0 tma=1 pers=0 pdl=0 rb=2
+B6-q1-H128: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=8/2/0 swap=0 tma=1 pers=0 pdl=0 rb=2
+B1-q8-H20: BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=16/4/0 swap=0 tma=1 pers=1 pdl=0 rb=3""")
 
     def test_gfx942(self):
         self.assertExpectedInline(_table("gfx942"), """\
-B1-q2-H16: BH=32 BN=32 nw=4 ns=1 qs=0 align=32 min=128 s2=16/4 waves_per_eu=2 matrix_instr_nonkdim=16 kpack=1 rb=1
-B32-q2-H16: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=1
-B128-q4-H16: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=1
-B16-q2-H16: BH=32 BN=32 nw=4 ns=1 qs=0 align=32 min=128 s2=16/4 waves_per_eu=2 matrix_instr_nonkdim=16 kpack=1 rb=1
-B128-q1-H128: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=2
-B32-q4-H128: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=8
-B16-q2-H128: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=4
-B20-q2-H16: BH=32 BN=32 nw=4 ns=1 qs=0 align=32 min=128 s2=16/4 waves_per_eu=2 matrix_instr_nonkdim=16 kpack=1 rb=1
-B21-q2-H16: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=1
-B5-q1-H128: BH=32 BN=32 nw=4 ns=1 qs=0 align=32 min=128 s2=16/4 waves_per_eu=2 matrix_instr_nonkdim=16 kpack=1 rb=4
-B6-q1-H128: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=2
-B1-q8-H20: BH=32 BN=32 nw=4 ns=1 qs=0 align=32 min=128 s2=16/4 waves_per_eu=2 matrix_instr_nonkdim=16 kpack=1 rb=5""")
+B1-q2-H16: BH=32 BN=32 nw=4 ns=1 qs=0 align=32 min=128 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=2 matrix_instr_nonkdim=16 kpack=1 rb=1
+B32-q2-H16: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=1
+B128-q4-H16: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=1
+B16-q2-H16: BH=32 BN=32 nw=4 ns=1 qs=0 align=32 min=128 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=2 matrix_instr_nonkdim=16 kpack=1 rb=1
+B128-q1-H128: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=2
+B32-q4-H128: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=8
+B16-q2-H128: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=4
+B20-q2-H16: BH=32 BN=32 nw=4 ns=1 qs=0 align=32 min=128 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=2 matrix_instr_nonkdim=16 kpack=1 rb=1
+B21-q2-H16: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=1
+B5-q1-H128: BH=32 BN=32 nw=4 ns=1 qs=0 align=32 min=128 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=2 matrix_instr_nonkdim=16 kpack=1 rb=4
+B6-q1-H128: BH=64 BN=32 nw=4 ns=2 qs=1 align=64 min=256 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=1 matrix_instr_nonkdim=16 kpack=1 rb=2
+B1-q8-H20: BH=32 BN=32 nw=4 ns=1 qs=0 align=32 min=128 s2=16/4/0 swap=0 tma=0 pers=0 pdl=0 waves_per_eu=2 matrix_instr_nonkdim=16 kpack=1 rb=5""")
 
     def test_default(self):
         self.assertExpectedInline(_table("sm_80"), """\
-B1-q2-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=1
-B32-q2-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=1
-B128-q4-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=2
-B16-q2-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=1
-B128-q1-H128: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=4
-B32-q4-H128: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=16
-B16-q2-H128: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=8
-B20-q2-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=1
-B21-q2-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=1
-B5-q1-H128: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=4
-B6-q1-H128: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=4
-B1-q8-H20: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4 rb=5""")
+B1-q2-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=1
+B32-q2-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=1
+B128-q4-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=2
+B16-q2-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=1
+B128-q1-H128: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=4
+B32-q4-H128: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=16
+B16-q2-H128: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=8
+B20-q2-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=1
+B21-q2-H16: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=1
+B5-q1-H128: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=4
+B6-q1-H128: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=4
+B1-q8-H20: BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tma=0 pers=0 pdl=0 rb=5""")
 
     def test_split_caps_sm_90(self):
         self.assertExpectedInline(_splits("sm_90"), """\
