@@ -313,10 +313,10 @@ def plan_stage(stage: str, tiles: list[Case], grid: list[Case], res: Results,
                     add(p, {**c, "num_stages": ns, "QSPLIT": qs})
         elif stage == "features":
             for c in res.top(pk, space.pipeline_top):
-                for tma, pers in itertools.product(space.TMA, space.PERSISTENT):
+                for tma, pers, qs in itertools.product(space.TMA, space.PERSISTENT, space.QSPLIT):
                     if tma and p.fp8:
                         continue  # the launcher takes fp8 caches through the pointer path
-                    add(p, {**c, "TMA": tma, "PERSISTENT": pers})
+                    add(p, {**c, "TMA": tma, "PERSISTENT": pers, "QSPLIT": qs})
         elif best and stage in ("splitlen", "s2block", "s2warps", "pdl", "splits"):
             c = best[0]
             s = splits_of(p, c["BLOCK_H"])

@@ -125,9 +125,10 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
 
     The cache is described as ``[num_pages, page_size, Lk]`` with its own page and token strides
     (a cross-layer view included), boxes ``[1, BLOCK_N, D0]`` for the ``Lv`` part (``D0``: half
-    of it with QSPLIT) and ``[1, BLOCK_N, Lk - Lv]`` for the rope part. It needs a CUDA GPU of
-    capability 9 or more (or the interpreter), blocks that never straddle a page, boxes of at
-    most 256 elements and 16-byte aligned base and strides. The descriptor is a kernel argument
+    of it with QSPLIT) and ``[1, BLOCK_N, Lk - Lv]`` for the rope part (Triton issues a block
+    wider than one hardware box, 256 elements, as several copies). It needs a CUDA GPU of
+    capability 9 or more (or the interpreter), blocks that never straddle a page, a rope part
+    and 16-byte aligned base and strides. The descriptor is a kernel argument
     passed by value, so a captured graph holds it and a launch allocates nothing.
     """
     if not cfg["TMA"] or k_buffer.dtype in FP8_DTYPES:
@@ -139,7 +140,7 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
     block_n = cfg["BLOCK_N"]
     d0 = Lv // 2 if cfg["QSPLIT"] else Lv
     dpe = Lk - Lv
-    if page_size % block_n or cfg["SPLIT_ALIGN"] % block_n or d0 > 256 or dpe > 256 or dpe == 0:
+    if page_size % block_n or cfg["SPLIT_ALIGN"] % block_n or dpe == 0:
         return None, None
     stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
     esize = k_buffer.element_size()
