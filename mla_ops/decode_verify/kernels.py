@@ -11,6 +11,11 @@ their LSE.
 
 Scores are kept in log2 units (``sm_scale * log2(e)`` folded into one scale) so the softmax
 uses ``exp2``; the LSE written out is natural-log.
+
+Launch features, each a constexpr set from the config (``configs.py``): ``SWAP_AB`` (rows as the
+MMA's N), ``QSPLIT`` (the Lv part in two halves), ``USE_TMA`` (unmasked KV blocks by bulk tensor
+copies through host descriptors), ``PERSISTENT`` (programs loop over the stage-1 work) and
+``USE_PDL`` (stage 2 as a programmatic dependent launch of stage 1).
 """
 
 import triton
