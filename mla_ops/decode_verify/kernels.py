@@ -20,7 +20,14 @@ copies through host descriptors), ``PERSISTENT`` (programs loop over the stage-1
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+try:  # programmatic dependent launch (triton >= 3.4); the launcher only asks for it when present
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    HAS_PDL = True
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
+    HAS_PDL = False
 
 _LN2 = tl.constexpr(0.6931471805599453)
 

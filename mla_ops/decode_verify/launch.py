@@ -2,7 +2,8 @@
 
 The kernels are in ``kernels.py``, the launch tables in ``configs.py``. Everything here is
 capture-safe: no host synchronisation, no ``.item()``, no allocation inside a launch (the
-default ``k_scale`` is made once per device, outside any capture).
+default ``k_scale`` is made once per device, outside any capture; TMA descriptors are host
+structs passed by value, so a captured graph holds them).
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ from typing import Any, Sequence
 
 import torch
 import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:  # host-side tensor descriptors (triton >= 3.4); without them TMA configs use pointers
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:
+    TensorDescriptor = None
 
 from .. import checks, platform
 from ..checks import FP8_DTYPES
@@ -131,7 +136,7 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
     and 16-byte aligned base and strides. The descriptor is a kernel argument
     passed by value, so a captured graph holds it and a launch allocates nothing.
     """
-    if not cfg["TMA"] or k_buffer.dtype in FP8_DTYPES:
+    if not cfg["TMA"] or TensorDescriptor is None or k_buffer.dtype in FP8_DTYPES:
         # fp8: measured 2.3x slower through TMA on the H200 (M4; benchmarks/NOTES.md v3): the
         # tile is converted from shared memory in registers either way.
         return None, None
@@ -232,7 +237,7 @@ def decode_attention_fwd_verify(
 
     # Programmatic dependent launch of stage 2 (CUDA capability 9+; captured in graphs as a
     # programmatic edge).
-    use_pdl = bool(cfg["PDL"]) and not single and _is_sm90_plus(q.device, plat)
+    use_pdl = bool(cfg["PDL"]) and kernels.HAS_PDL and not single and _is_sm90_plus(q.device, plat)
     programs = verify_row_blocks(qlen, num_heads, cfg["BLOCK_H"]) * batch * num_kv_splits
     # PERSISTENT: never more programs than that many per SM, each looping over the work (one
     # compiled variant whatever the batch: the loop runs once when the work fits).
