@@ -3,13 +3,7 @@
 # counts for M1, each A/B'd against the table in one process; the new paths' GPU tests first;
 # then Nsight Compute on M2's stage 1 (table vs TMA). One device call; results in $OUT.
 set -u
-OUT=${OUT:-/tmp/mla_out}
-mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+source "$(dirname "$0")/_device_env.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_decode_verify.py \
   -k "gpu_launch_features or features or falls_back or poisoned" 2>&1 | tee "$OUT/pytest_features.log" | tail -6

@@ -3,13 +3,7 @@
 # memory), swap-AB 32-row tiles for M3, A/B'd against TMA in one process; the launch-feature GPU
 # tests first; then the quick sweep over the space with the v3 features (table to $OUT).
 set -u
-OUT=${OUT:-/tmp/mla_out}
-mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+source "$(dirname "$0")/_device_env.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_decode_verify.py \
   -k "features or falls_back or poisoned" 2>&1 | tee "$OUT/pytest_features.log" | tail -4

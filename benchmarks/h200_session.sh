@@ -7,13 +7,7 @@
 # Run from the repo root on the device (torch and triton of the image, no install: PYTHONPATH=.);
 # results land in $OUT. Carry .whl (expecttest) for the test suite.
 set -u
-OUT=${OUT:-/tmp/mla_out}
-mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+source "$(dirname "$0")/_device_env.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 

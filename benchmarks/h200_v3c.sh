@@ -4,13 +4,7 @@
 # the quick sweep resumed from the committed log (its features stage now crosses QSPLIT) and
 # the M1-M7 benchmark on the table it writes.
 set -u
-OUT=${OUT:-/tmp/mla_out}
-mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+source "$(dirname "$0")/_device_env.sh"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_decode_verify.py \
   -k "gpu_launch_features and tma" 2>&1 | tee "$OUT/pytest_tma.log" | tail -3
 timeout 200 python3 benchmarks/ab_decode_verify.py --rounds 2 --shape M1 M2 M3 M5 M6 \
