@@ -209,51 +209,19 @@ def _attend_block(
 
 @triton.jit
 def _stage1_program(
-    pid,
-    Q,  # [B*qlen, H, Lk]
-    K_Buffer,  # paged latent cache, element offsets computed from the page / token strides
-    K_Desc,  # USE_TMA: descriptor of K_Buffer as [num_pages, PAGE_SIZE, Lk], boxes [1, BLOCK_N, D0]
-    Kpe_Desc,  # USE_TMA: the same, boxes [1, BLOCK_N, BLOCK_DPE] (None otherwise)
-    qk_scale,  # sm_scale * log2(e)
-    Req_to_Token,  # [B, max_pages] int32
-    Seq_Lens,  # [B] int32
-    Real_Lens,  # [B] int32 (Seq_Lens when HAS_REAL is False)
-    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32 (o when SINGLE)
-    O,  # [B*qlen, H, Lv]
-    Lse,  # [B*qlen, H] fp32
-    stride_req_b,
-    stride_qm,
-    stride_qh,
-    stride_kpage,
-    stride_ktok,
-    stride_mid_m,
-    stride_mid_h,
-    stride_mid_s,
-    stride_om,
-    stride_oh,
-    stride_lm,
-    stride_lh,
-    K_Scale,  # [] fp32
-    batch,
-    num_kv_splits,
-    QLEN: tl.constexpr,
-    NUM_HEADS: tl.constexpr,
-    HAS_REAL: tl.constexpr,
-    BLOCK_DMODEL: tl.constexpr,
-    BLOCK_DPE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    SPLIT_ALIGN: tl.constexpr,
-    MIN_SPLIT_LEN: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    QSPLIT: tl.constexpr,
-    SINGLE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 q (no silent tf32), "tf32" (unused) otherwise
-    FP8_DOT_FP16: tl.constexpr,  # fp8 cache with a bf16 q: dots in fp16 (see below)
-    SWAP_AB: tl.constexpr,  # run the transposed problem (rows = the MMA's N); see _score_dot
-    USE_TMA: tl.constexpr,  # K tiles by bulk tensor copies (see _attend_block)
+    pid, Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse,
+    stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok, stride_mid_m, stride_mid_h,
+    stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh, K_Scale, batch, num_kv_splits,
+    QLEN: tl.constexpr, NUM_HEADS: tl.constexpr, HAS_REAL: tl.constexpr, BLOCK_DMODEL: tl.constexpr,
+    BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr, MIN_SPLIT_LEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    QSPLIT: tl.constexpr, SINGLE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FP8_DOT_FP16: tl.constexpr, SWAP_AB: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    """Stage 1 for one (row block, request, split) ``pid``; see ``_fwd_verify_stage1``."""
+    """Stage 1 for one (row block, request, split) ``pid``: the arguments of
+    ``_fwd_verify_stage1`` (documented there). A function of its own so that the non-persistent
+    grid runs it without a loop around it: a loop that runs once cost M2 8% on the H200
+    (``PERSISTENT 1`` with one program per work item, benchmarks/NOTES.md v3)."""
     ROW_BLOCKS: tl.constexpr = (QLEN * NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     # Row blocks vary fastest so the row blocks of one (request, split) run side by side and
     # share its KV tiles through L2.
@@ -374,8 +342,6 @@ def _stage1_program(
             tl.store(p_mid + HALF + offs_d[None, :], out1, mask=row_valid[:, None])
         p_mid_lse = Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + BLOCK_DMODEL
         tl.store(p_mid_lse, lse, mask=row_valid)
-
-
 
 
 @triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "batch", "num_kv_splits"])
