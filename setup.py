@@ -1,90 +1,119 @@
-"""Install mla_ops; compile csrc_meta/ into mla_ops/_C when a C++ toolchain and torch are here.
+"""Build mla_ops; compile csrc_meta/ into mla_ops/_C when torch and a C++ compiler are here.
 
-    pip install --no-build-isolation -e .[test]                    # with the C++ library
-    MLA_OPS_NO_EXT=1 pip install --no-build-isolation -e .[test]   # pure Python
+    pip install --no-build-isolation -e '.[test]'                    # with the C++ library
+    MLA_OPS_NO_EXT=1 pip install --no-build-isolation -e '.[test]'   # pure Python
 
-`--no-build-isolation` builds against the torch already installed: an isolated build
-environment would have no torch (or would download one). Nothing here ever requires one:
-without torch, without a compiler, or when the compile fails, the install is pure Python and
-`import mla_ops` registers the ops with `torch.library.custom_op` instead.
+``--no-build-isolation`` builds against the torch already installed: an isolated build
+environment has no torch, so it would build no ``_C`` (it never downloads one: torch is not a
+build requirement). Without torch, without a compiler, or when the compile fails, the install
+is pure Python and ``import mla_ops`` registers the ops with ``torch.library.custom_op``.
+Either way the build says which in one line (``mla_ops setup: ...``, shown by ``pip -v``) and
+records it in ``mla_ops/_C.status``, which ``python -m mla_ops`` and the test header print.
+
+The C++ Meta kernels are generated from ``mla_ops/spec.py`` (the one argument spec of every
+op) into the build tree; nothing generated is committed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import re
 import shutil
 import sys
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 EXT_NAME = "mla_ops._C"
-EXT_SOURCES = ["csrc_meta/mla_meta.cpp"]  # one translation unit keeps the build short
+STATUS = "_C.status"
 
 
 def _say(msg: str) -> None:
-    print(f"mla_ops setup: {msg}", file=sys.stderr)
+    print(f"mla_ops setup: {msg}", file=sys.stderr, flush=True)
 
 
-def _version() -> str:
-    with open(os.path.join(ROOT, "mla_ops", "__init__.py"), encoding="utf-8") as f:
-        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+def _load(name: str, path: str):
+    """A module of the package, by path: importing mla_ops itself needs torch and triton."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
 
 
-def _extension() -> tuple[list, dict]:
-    """``(ext_modules, cmdclass)`` for the C++ library, or ``([], {})`` with the reason said."""
+def _why_not_build() -> str | None:
+    """None when the C++ library can be built here, else the reason it is not."""
     if os.environ.get("MLA_OPS_NO_EXT", "0") not in ("", "0"):
-        _say("MLA_OPS_NO_EXT is set: pure-Python install (no mla_ops._C)")
-        return [], {}
+        return "MLA_OPS_NO_EXT is set"
     try:
-        import torch  # noqa: F401  (the installed one; never a build dependency)
-        from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
-    except Exception as e:  # no torch in this environment (e.g. an isolated build)
-        _say(f"torch is not importable here ({e}): pure-Python install (no mla_ops._C)")
-        return [], {}
+        from torch.utils.cpp_extension import include_paths
+    except Exception as e:  # e.g. an isolated build environment: no torch
+        return (f"torch is not importable here ({type(e).__name__}: {e}); build with "
+                "--no-build-isolation next to an installed torch")
     cxx = os.environ.get("CXX", "c++").split()[0]
     if shutil.which(cxx) is None:
-        _say(f"no C++ compiler ({cxx!r} not found): pure-Python install (no mla_ops._C)")
-        return [], {}
+        return f"no C++ compiler ({cxx!r} not found)"
     if not any(os.path.exists(os.path.join(p, "torch", "library.h")) for p in include_paths()):
-        _say("torch's C++ headers are missing: pure-Python install (no mla_ops._C)")
-        return [], {}
+        return "torch's C++ headers are missing"
+    return None
 
-    class OptionalBuildExtension(BuildExtension):
-        """A failed compile leaves a working pure-Python install instead of failing it."""
 
-        def build_extensions(self):
+class BuildC(build_ext):
+    """Builds ``_C`` when it can; otherwise, or when the compile fails, a pure-Python install.
+    Says which, once, and records it next to where ``_C`` goes."""
+
+    def run(self):
+        why = _why_not_build()
+        if why is None:
             try:
-                super().build_extensions()
+                self._build_with_torch()
+                self._record(f"built {EXT_NAME} ({self.get_ext_fullpath(EXT_NAME)})")
+                return
             except Exception as e:  # compiler/ABI errors surface as several exception types
-                _say(f"building {EXT_NAME} failed ({e}): pure-Python install (no mla_ops._C)")
-                self.extensions = []
+                why = f"building {EXT_NAME} failed ({type(e).__name__}: {e})"
+        self._record(f"pure-Python install (no {EXT_NAME}): {why}")
 
-        def get_outputs(self):
-            return super().get_outputs() if self.extensions else []
+    def _build_with_torch(self):
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-    ext = CppExtension(
-        EXT_NAME,
-        EXT_SOURCES,
-        # Shape checks only: optimisation buys nothing and costs build time.
-        extra_compile_args={"cxx": ["-O1", "-g0"]},
-    )
-    return [ext], {"build_ext": OptionalBuildExtension.with_options(use_ninja=False)}
+        generated = os.path.join(os.path.abspath(self.build_temp), "generated")
+        os.makedirs(generated, exist_ok=True)
+        spec = _load("_mla_ops_spec", "mla_ops/spec.py")
+        with open(os.path.join(generated, "mla_spec_generated.inc"), "w") as f:
+            f.write(spec.cpp_source())
+        ext = CppExtension(EXT_NAME, ["csrc_meta/mla_meta.cpp"], include_dirs=[generated],
+                           # Shape checks only: optimisation buys nothing and costs build time.
+                           extra_compile_args={"cxx": ["-O1", "-g0", "-std=c++17"]})
+        # The real extension replaces the placeholder for the builder, which takes this
+        # command's options (build dirs, --inplace / editable mode).
+        self.distribution.ext_modules = [ext]
+        builder = BuildExtension.with_options(use_ninja=False)(self.distribution)
+        for opt in ("build_lib", "build_temp", "inplace", "editable_mode", "force", "compiler",
+                    "debug"):
+            setattr(builder, opt, getattr(self, opt))
+        builder.ensure_finalized()
+        builder.run()
+        self._outputs = builder.get_outputs()
 
+    def _record(self, line: str) -> None:
+        _say(line)
+        path = os.path.join(os.path.dirname(self.get_ext_fullpath(EXT_NAME)), STATUS)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(line + "\n")
+        self._outputs = getattr(self, "_outputs", []) + [path]
 
-ext_modules, cmdclass = _extension()
+    def get_outputs(self):
+        return list(getattr(self, "_outputs", []))
+
 
 setup(
-    name="mla_ops",
-    version=_version(),
-    description="Triton MLA decode-verify and split-head-dim encoder attention, as torch.ops.mla",
     packages=find_packages(include=["mla_ops", "mla_ops.*"]),
     package_data={"mla_ops": ["*/tables/*.json", "tables/*.json"]},
-    python_requires=">=3.9",
-    install_requires=["torch>=2.6", "triton>=3.2"],
-    extras_require={"test": ["pytest", "expecttest", "numpy"]},
-    ext_modules=ext_modules,
-    cmdclass=cmdclass,
+    # A placeholder the BuildC command builds with torch's extension tooling (or skips, saying
+    # why): setuptools runs build_ext only for a distribution with extension modules.
+    ext_modules=[Extension(EXT_NAME, sources=[])],
+    cmdclass={"build_ext": BuildC},
     zip_safe=False,
 )

@@ -1,10 +1,11 @@
 """mla_ops: Triton attention kernels for LLM serving, registered as ``torch.ops.mla``.
 
-Importing the package registers the ops (``mla::decode_verify``,
-``mla::warmup_decode_verify``, ``mla::context_attention``).
+Importing the package registers the ops (``mla::decode_verify``, ``mla::warmup_decode_verify``,
+``mla::context_attention``). ``ARCHITECTURE.md`` maps the layers.
 """
 
 from . import library  # noqa: F401  (registers torch.ops.mla)
+from .checked import checked_mode, set_checked_mode
 from .decode_verify.launch import (
     _storage_view,
     decode_attention_fwd_verify,
@@ -16,7 +17,7 @@ from .decode_verify.launch import (
 from .prefill.launch import context_attention_fwd
 from .reference import context_attention_ref, decode_verify_ref
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "decode_attention_fwd_verify",
@@ -28,4 +29,6 @@ __all__ = [
     "context_attention_fwd",
     "decode_verify_ref",
     "context_attention_ref",
+    "checked_mode",
+    "set_checked_mode",
 ]

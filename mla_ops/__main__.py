@@ -176,13 +176,11 @@ def main(argv=None) -> int:
     print(f"device: {plat.device_name if device == 'cuda' else 'cpu'}  arch: {plat.arch}  "
           f"SMs/CUs: {plat.sm_count if plat.has_gpu else '-'}  "
           f"{'HIP' if plat.is_hip else 'CUDA' if plat.is_cuda else 'no GPU'}")
-    from mla_ops.decode_verify import configs as verify_configs
-    from mla_ops.prefill import configs as prefill_configs
+    from mla_ops import tuning
 
-    verify_table = plat.arch if plat.arch in verify_configs.TABLES else "default"
-    prefill_table = plat.arch if plat.arch in prefill_configs.TABLES else "generic"
-    print(f"config tables: verify '{verify_table}', prefill '{prefill_table}'")
-    print(f"op library: {'C++ schemas from ' + mla_ops.library.EXTENSION if mla_ops.library.EXTENSION else 'pure-Python registration (mla_ops._C not built)'}")
+    tables = ", ".join(f"{k} '{tuning.table(k, plat.arch).get('arch')}'" for k in tuning.KERNELS)
+    print(f"config tables: {tables}")
+    print(f"op library: {mla_ops.library.EXTENSION_STATUS}")
     print(f"running: {path}")
     small = args.interpret
     ok = True

@@ -1,23 +1,21 @@
-"""``torch.ops.mla``: schemas, fake implementations and device kernels of every op.
+"""``torch.ops.mla``: registration of every op, from its spec (:mod:`mla_ops.spec`).
 
-The ops mutate caller-provided outputs and return nothing, so the fake implementations only
-validate. CPU runs the plain-PyTorch reference, or the Triton kernels themselves when
-``TRITON_INTERPRET=1``; CUDA and HIP run the Triton kernels. No autograd formula is
-registered: the ops are inference-only, and calling one with grad enabled on a tensor that
-requires grad raises (instead of silently detaching its outputs).
+The ops mutate caller-provided outputs and return nothing, so a fake implementation is the
+op's argument check. Device kernels: CUDA/HIP run the Triton launchers; CPU runs the
+plain-PyTorch reference, or the Triton kernels themselves under ``TRITON_INTERPRET=1``. No
+autograd formula is registered: calling an op with grad enabled on a tensor that requires grad
+raises instead of silently detaching its outputs.
 
-Who defines what, decided once at import:
+Who defines what is decided once, at import:
 
-* C++ library present (``csrc_meta/`` built by ``setup.py`` into ``mla_ops/_C``, loaded by
-  :mod:`mla_ops._ext` unless ``MLA_OPS_NO_EXT=1``): the C++ side defines the schemas, the Meta
-  kernels (which FakeTensor runs as the fake implementation), the Autograd kernel that refuses
-  grad and the ADInplaceOrView kernel that bumps versions. This module only adds the CPU and
-  CUDA kernels onto those schemas.
-* No C++ library: ``torch.library.custom_op`` defines everything here, with the Python checks
-  as fake implementations and the same inference-only Autograd kernel.
+* ``mla_ops._C`` loaded (built from ``csrc_meta/`` by ``setup.py``; skipped with
+  ``MLA_OPS_NO_EXT=1``): the C++ side defines the schemas, Meta kernels (generated from the same
+  spec), the Autograd kernel that refuses grad and the ADInplaceOrView kernel; this module only
+  adds the CPU and CUDA kernels.
+* Otherwise ``torch.library.custom_op`` defines everything here.
 
-Either way the ops, schemas, checks (same messages, same exception types) and kernels are the
-same; :data:`EXTENSION` says which side defined them.
+Either way the schemas, checks, messages and kernels are the same. :data:`EXTENSION` is the
+path of the loaded C++ library or None, :data:`EXTENSION_STATUS` one line saying which and why.
 """
 
 from __future__ import annotations
@@ -28,243 +26,150 @@ from typing import Callable, Optional
 
 import torch
 
-from . import _ext, checks, reference
+from . import _ext, spec
 from .platform import interpreter_enabled
 
-__all__ = [
-    "LIB",
-    "SCHEMAS",
-    "EXTENSION",
-    "decode_verify",
-    "warmup_decode_verify",
-    "context_attention",
-]
+__all__ = ["LIB", "SCHEMAS", "CHECKS", "EXTENSION", "EXTENSION_STATUS"]
 
 LIB = "mla"
+SCHEMAS = {name: op.schema for name, op in spec.OPS.items()}
+# The compiled argument checks: the public functions and the fake implementations run these.
+CHECKS: dict[str, Callable] = spec.python_checks()
 
-# The schemas, pinned by tests/test_library.py and tests/test_csrc_meta.py and defined
-# identically by csrc_meta/mla_meta.cpp.
-# Launch parameters (qlen, split cap, page size, windows) are plain ints: they pick kernel
-# variants and are never symbolic.
-SCHEMAS = {
-    "decode_verify": (
-        "(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, "
-        "Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, "
-        "Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, "
-        "Tensor? k_scale=None) -> ()"
-    ),
-    "warmup_decode_verify": (
-        "(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, "
-        "int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, "
-        "Tensor? k_scale=None) -> ()"
-    ),
-    "context_attention": (
-        "(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, "
-        "int max_input_len, bool is_causal=True, float? softmax_scale=None, "
-        "int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()"
-    ),
-}
-
-_MUTATES = {
-    "decode_verify": ("o", "lse", "attn_logits"),
-    "warmup_decode_verify": (),
-    "context_attention": ("o",),
-}
-
-# Path of the C++ library that defined the schemas and Meta kernels, or None when this module
-# defined them with custom_op (pure-Python mode).
 EXTENSION: Optional[str] = _ext.load()
+EXTENSION_STATUS: str = _ext.status(EXTENSION)
 
 
-# --- decode verify --------------------------------------------------------------------------
+# --- device kernels -------------------------------------------------------------------------
+# Imported lazily: registering the ops must not import triton's kernels.
 
-
-def _decode_verify_cpu(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens,
-                       qlen, attn_logits, num_kv_splits, sm_scale, page_size, k_scale=None):
-    out, out_lse = reference.decode_verify_ref(
-        q, k_buffer, v_buffer.shape[-1], req_to_token, seq_lens, real_seq_lens, qlen,
-        sm_scale, page_size, k_scale,
-    )
-    o.copy_(out)
-    lse.copy_(out_lse)
-
-
-def _decode_verify_triton(*args):
+def _decode_verify_cuda(*args):
     from .decode_verify.launch import decode_attention_fwd_verify
 
-    decode_attention_fwd_verify(*args)  # validates first
+    decode_attention_fwd_verify(*args)
 
 
-def _decode_verify_fake(*args):
-    checks.check_decode_verify(*args)
-
-
-def _decode_verify_cpu_kernel(*args):
-    checks.check_decode_verify(*args)
+def _decode_verify_cpu(*args):
     if interpreter_enabled():
-        _decode_verify_triton(*args)
-    else:
-        _decode_verify_cpu(*args)
+        return _decode_verify_cuda(*args)
+    from .reference import decode_verify_op_ref
+
+    decode_verify_op_ref(*args)
 
 
-# --- warmup ---------------------------------------------------------------------------------
-
-
-def _warmup_decode_verify_triton(*args):
+def _warmup_decode_verify_cuda(*args):
     from .decode_verify.launch import warmup_decode_attention_fwd_verify
 
     warmup_decode_attention_fwd_verify(*args)
 
 
-def _warmup_decode_verify_fake(*args):
-    checks.check_warmup_decode_verify(*args)
-
-
-def _warmup_decode_verify_cpu_kernel(*args):
-    checks.check_warmup_decode_verify(*args)
+def _warmup_decode_verify_cpu(*args):
     if interpreter_enabled():
-        _warmup_decode_verify_triton(*args)
-    # The reference path compiles nothing, so there is nothing to warm.
+        return _warmup_decode_verify_cuda(*args)
+    CHECKS["warmup_decode_verify"](*args)  # the reference compiles nothing: nothing to warm
 
 
-# --- encoder (prefill) attention ------------------------------------------------------------
-
-
-def _context_attention_cpu(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=True,
-                           softmax_scale=None, sliding_window_q=None, sliding_window_k=None,
-                           sinks=None):
-    out = reference.context_attention_ref(q, k, v, b_start_loc, b_seq_len, is_causal,
-                                          softmax_scale, sliding_window_q, sliding_window_k, sinks)
-    # Only tokens inside a sequence are written, as the kernel does.
-    for start, n in zip(b_start_loc.tolist(), b_seq_len.tolist()):
-        o[start : start + n].copy_(out[start : start + n])
-
-
-def _context_attention_triton(*args):
+def _context_attention_cuda(*args):
     from .prefill.launch import context_attention_fwd
 
-    context_attention_fwd(*args)  # validates first
+    context_attention_fwd(*args)
 
 
-def _context_attention_fake(*args):
-    checks.check_context_attention(*args)
-
-
-def _context_attention_cpu_kernel(*args):
-    checks.check_context_attention(*args)
+def _context_attention_cpu(*args):
     if interpreter_enabled():
-        _context_attention_triton(*args)
-    else:
-        _context_attention_cpu(*args)
+        return _context_attention_cuda(*args)
+    from .reference import context_attention_op_ref
+
+    context_attention_op_ref(*args)
 
 
-# --- registration ---------------------------------------------------------------------------
-
-# op -> (fake, {dispatch key: kernel}). HIP tensors dispatch to the CUDA key.
-_IMPLS: dict[str, tuple[Callable, dict[str, Callable]]] = {
-    "decode_verify": (
-        _decode_verify_fake,
-        {"CPU": _decode_verify_cpu_kernel, "CUDA": _decode_verify_triton},
-    ),
-    "warmup_decode_verify": (
-        _warmup_decode_verify_fake,
-        {"CPU": _warmup_decode_verify_cpu_kernel, "CUDA": _warmup_decode_verify_triton},
-    ),
-    "context_attention": (
-        _context_attention_fake,
-        {"CPU": _context_attention_cpu_kernel, "CUDA": _context_attention_triton},
-    ),
+# op -> {dispatch key: kernel}. HIP tensors dispatch to the CUDA key.
+KERNELS: dict[str, dict[str, Callable]] = {
+    "decode_verify": {"CPU": _decode_verify_cpu, "CUDA": _decode_verify_cuda},
+    "warmup_decode_verify": {"CPU": _warmup_decode_verify_cpu, "CUDA": _warmup_decode_verify_cuda},
+    "context_attention": {"CPU": _context_attention_cpu, "CUDA": _context_attention_cuda},
 }
 
+
+# --- inference-only -------------------------------------------------------------------------
+
 # Same words as inference_only() in csrc_meta/mla_meta.cpp.
-_INFERENCE_ONLY = (
+INFERENCE_ONLY = (
     "{op} is inference-only (no autograd formula is registered), but {arg} requires grad: "
     "call it under torch.no_grad() or torch.inference_mode(), or pass tensors that do not "
     "require grad"
 )
 
+# torch 2.8 to 2.12 refuse to override custom_op's own Autograd kernel unless asked; 2.13 allows.
+_OVERRIDE = ({"allow_override": True}
+             if "allow_override" in inspect.signature(torch.library.Library.impl).parameters
+             else {})
 
-def _inference_only_kernel(op: torch._ops.OpOverload) -> Callable:
-    """Autograd-key kernel: refuse grad, else run the op below autograd (no formula)."""
+
+def _register_grad_refusal(lib: torch.library.Library, name: str) -> None:
+    """Autograd-key kernel of ``mla::<name>``: refuse grad, else run the op below autograd.
+
+    The one place that uses torch's private dispatcher API (``_AutoDispatchBelowAutograd``,
+    ``_after_autograd_keyset``, ``OpOverload.redispatch``): custom_op's public
+    ``register_autograd`` refuses mutating ops, and its default kernel runs them with grad on
+    and leaves the outputs silently detached. ``tests/test_library.py`` fails when these move.
+    """
+    op = getattr(getattr(torch.ops, LIB), name).default
     names = [a.name for a in op._schema.arguments]
 
     def autograd_kernel(keyset, *args, **kwargs):
         if torch.is_grad_enabled():
-            for name, a in itertools.chain(zip(names, args), kwargs.items()):
-                if isinstance(a, torch.Tensor) and a.requires_grad:
-                    raise RuntimeError(_INFERENCE_ONLY.format(op=op._schema.name, arg=name))
+            for arg, value in itertools.chain(zip(names, args), kwargs.items()):
+                if isinstance(value, torch.Tensor) and value.requires_grad:
+                    raise RuntimeError(INFERENCE_ONLY.format(op=f"{LIB}::{name}", arg=arg))
         with torch._C._AutoDispatchBelowAutograd():
             return op.redispatch(keyset & torch._C._after_autograd_keyset, *args, **kwargs)
 
-    return autograd_kernel
+    lib.impl(name, autograd_kernel, "Autograd", with_keyset=True, **_OVERRIDE)
 
 
-def _no_kernel(name: str) -> Callable:
-    def kernel(*args, **kwargs):
-        raise AssertionError(f"{LIB}::{name} has no kernel for this device")
-
-    kernel.__name__ = name
-    return kernel
-
-
-def _override(lib: torch.library.Library, name: str, kernel: Callable, key: str) -> None:
-    """``lib.impl`` over a kernel another Python Library registered (custom_op's own)."""
-    if "allow_override" in inspect.signature(lib.impl).parameters:
-        # torch 2.8 to 2.12 refuse by default; 2.13 allows by default.
-        lib.impl(name, kernel, key, with_keyset=True, allow_override=True)
-    else:
-        # torch < 2.8 always refuses, by this record alone; the dispatcher itself allows it.
-        torch.library._impls.discard(f"{LIB}/{name}/{key}")
-        lib.impl(name, kernel, key, with_keyset=True)
-
+# --- registration ---------------------------------------------------------------------------
 
 # Keeps the Python registrations alive (a Library deregisters them when collected).
-_LIBS: list[torch.library.Library] = []
+_LIB = torch.library.Library(LIB, "FRAGMENT")
 
 
-def _define_in_python() -> dict[str, Callable]:
-    """Pure-Python mode: custom_op defines each op, its fake impl and its device kernels."""
-    ops = {}
-    autograd_lib = torch.library.Library(LIB, "IMPL")
-    _LIBS.append(autograd_lib)
-    for name, (fake, kernels) in _IMPLS.items():
-        op = torch.library.custom_op(
-            f"{LIB}::{name}", _no_kernel(name), mutates_args=_MUTATES[name], schema=SCHEMAS[name]
-        )
-        op.register_fake(fake)
-        for key, kernel in kernels.items():
+def _fake(name: str) -> Callable:
+    check = CHECKS[name]
+
+    def fake(*args, **kwargs):
+        check(*args, **kwargs)
+
+    return fake
+
+
+def _no_kernel(*args, **kwargs):
+    raise AssertionError("mla ops have a kernel per device key")
+
+
+def _define_in_python() -> None:
+    for name, op_spec in spec.OPS.items():
+        op = torch.library.custom_op(f"{LIB}::{name}", _no_kernel, mutates_args=op_spec.mutates,
+                                     schema=op_spec.schema)
+        op.register_fake(_fake(name))
+        for key, kernel in KERNELS[name].items():
             op.register_kernel(key.lower())(kernel)
-        # Replace custom_op's generated Autograd kernel, which would run the op with grad on
-        # and leave its outputs silently detached, by the one the C++ library registers.
-        _override(autograd_lib, name, _inference_only_kernel(op._opoverload), "Autograd")
-        ops[name] = op
-    return ops
+        _register_grad_refusal(_LIB, name)
 
 
-def _register_onto_cpp() -> dict[str, Callable]:
-    """C++ mode: the schemas, Meta, Autograd and ADInplaceOrView kernels exist; add devices."""
-    lib = torch.library.Library(LIB, "IMPL")
-    _LIBS.append(lib)
-    ops = {}
-    for name, (_fake, kernels) in _IMPLS.items():
+def _register_onto_cpp() -> None:
+    for name in spec.OPS:
         op = getattr(getattr(torch.ops, LIB), name).default
-        want = f"{LIB}::{name}{SCHEMAS[name]}"
-        if str(op._schema) != want:
+        if str(op._schema) != f"{LIB}::{name}{SCHEMAS[name]}":
             raise RuntimeError(
                 f"mla_ops: the C++ library {EXTENSION} defines {op._schema}, but this package "
-                f"expects {want}: it is stale. Rebuild it (pip install --no-build-isolation -e .) "
-                f"or set {_ext.ENV_NO_EXT}=1 before starting Python."
-            )
-        for key, kernel in kernels.items():
-            lib.impl(name, kernel, key)
-        ops[name] = op
-    return ops
+                f"expects {LIB}::{name}{SCHEMAS[name]}: it is stale. Rebuild it "
+                f"(pip install --no-build-isolation -e .) or set {_ext.ENV_NO_EXT}=1.")
+        for key, kernel in KERNELS[name].items():
+            _LIB.impl(name, kernel, key)
 
 
-_OPS = _define_in_python() if EXTENSION is None else _register_onto_cpp()
-
-# Callables with the ops' signatures: CustomOpDef objects in pure-Python mode, OpOverloads when
-# the C++ library defined the schemas. Either is what torch.ops.mla.<name> runs.
-decode_verify = _OPS["decode_verify"]
-warmup_decode_verify = _OPS["warmup_decode_verify"]
-context_attention = _OPS["context_attention"]
+if EXTENSION is None:
+    _define_in_python()
+else:
+    _register_onto_cpp()

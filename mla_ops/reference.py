@@ -11,7 +11,11 @@ import math
 
 import torch
 
-__all__ = ["decode_verify_ref", "context_attention_ref", "verify_row_limits", "cache_pages"]
+__all__ = ["decode_verify_ref", "context_attention_ref", "verify_row_limits", "cache_pages",
+           "decode_verify_op_ref", "context_attention_op_ref"]
+
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                                               "float8_e5m2fnuz") if hasattr(torch, n))
 
 
 def cache_pages(k_buffer: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -48,7 +52,8 @@ def decode_verify_ref(
     Args:
         q: ``[B*qlen, H, Lk]``; request b's token t is row ``b*qlen + t``.
         k_buffer: ``[num_pages, page_size, 1, Lk]`` or ``[num_pages*page_size, 1, Lk]``, any
-            dtype (fp8 is dequantized by ``k_scale``). V is ``k_buffer[..., :Lv]``.
+            dtype. V is ``k_buffer[..., :Lv]``. An fp8 cache is dequantized by ``k_scale``;
+            ``k_scale`` is ignored for 16-bit caches, as the kernels ignore it.
         req_to_token: ``[B, max_pages]`` int block table.
         seq_lens / real_seq_lens: ``[B]`` ints (real_seq_lens may be None).
 
@@ -59,7 +64,7 @@ def decode_verify_ref(
     rows, heads, Lk = q.shape
     batch = rows // qlen
     pages = cache_pages(k_buffer, page_size)
-    scale = 1.0 if k_scale is None else float(k_scale)
+    scale = 1.0 if k_scale is None or k_buffer.dtype not in FP8_DTYPES else float(k_scale)
     o = torch.zeros(rows, heads, Lv, dtype=compute_dtype, device=q.device)
     lse = torch.full((rows, heads), float("-inf"), dtype=compute_dtype, device=q.device)
     lens = seq_lens.tolist()
@@ -144,3 +149,37 @@ def context_attention_ref(
             p = torch.exp(s - safe[..., None])
             o[start + i0 : start + i1] = torch.matmul(p, vb).transpose(0, 1)
     return o
+
+
+def decode_verify_op_ref(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens,
+                         qlen, attn_logits, num_kv_splits, sm_scale, page_size, k_scale=None,
+                         *cp):
+    """The CPU kernel of ``mla::decode_verify``: checks the arguments and, since it synchronises
+    anyway, the data (:mod:`mla_ops.checked`), then writes ``o`` and ``lse``."""
+    from . import checked, spec
+
+    args = (q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
+            attn_logits, num_kv_splits, sm_scale, page_size, k_scale, *cp)
+    spec.python_checks()["decode_verify"](*args)
+    checked.validate_decode_verify(*args)
+    out, out_lse = decode_verify_ref(q, k_buffer, v_buffer.shape[-1], req_to_token, seq_lens,
+                                     real_seq_lens, qlen, sm_scale, page_size, k_scale)
+    o.copy_(out)
+    lse.copy_(out_lse)
+
+
+def context_attention_op_ref(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=True,
+                             softmax_scale=None, sliding_window_q=None, sliding_window_k=None,
+                             sinks=None):
+    """The CPU kernel of ``mla::context_attention``: checks the arguments and the data, then
+    writes the rows of every sequence of ``o`` (other rows are left as they were)."""
+    from . import checked, spec
+
+    args = (q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal, softmax_scale,
+            sliding_window_q, sliding_window_k, sinks)
+    spec.python_checks()["context_attention"](*args)
+    checked.validate_context_attention(*args)
+    out = context_attention_ref(q, k, v, b_start_loc, b_seq_len, is_causal, softmax_scale,
+                                sliding_window_q, sliding_window_k, sinks)
+    for start, n in zip(b_start_loc.tolist(), b_seq_len.tolist()):
+        o[start: start + n].copy_(out[start: start + n])

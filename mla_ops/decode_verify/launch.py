@@ -1,13 +1,16 @@
-"""Host side of the decode-verify attention: checks, split helpers, grid, launch, warmup.
+"""Host side of the decode-verify attention: checks, split helpers, launch, warmup.
 
-The kernels are in ``kernels.py``, the launch tables in ``configs.py``. Everything here is
-capture-safe: no host synchronisation, no ``.item()``, no allocation inside a launch (the
-default ``k_scale`` is made once per device, outside any capture; TMA descriptors are host
-structs passed by value, so a captured graph holds them).
+The kernels are in ``kernels.py`` (portable Triton) and ``gluon_kernels.py`` (sm_90), the
+launch tables in ``configs.py`` and ``tables/``. Everything here is capture-safe: no host
+synchronisation (unless checked mode is on, which refuses captures), no ``.item()``, no
+allocation inside a launch (the default ``k_scale`` is made once per device, outside any
+capture; TMA descriptors are host structs passed by value, so a captured graph holds them).
+Launches run under the device of ``q``, whatever the current device is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Sequence
 
@@ -19,17 +22,10 @@ try:  # host-side tensor descriptors (triton >= 3.4); without them TMA configs u
 except ImportError:
     TensorDescriptor = None
 
-from .. import checks, platform
-from ..checks import FP8_DTYPES
+from .. import checked, platform, spec
+from ..reference import FP8_DTYPES
 from . import kernels
-from .configs import (
-    HIP_LAUNCH_KEYS,
-    MIN_SWAP_AB_STAGES,
-    VERIFY_DEFAULT_CONFIG,
-    reachable_verify_configs,
-    select_verify_config,
-    swap_ab_stages_ok,
-)
+from .configs import HIP_LAUNCH_KEYS, select_verify_config, verify_facts
 
 __all__ = [
     "decode_attention_fwd_verify",
@@ -41,6 +37,7 @@ __all__ = [
 ]
 
 _LOG2E = 1.4426950408889634
+_CHECK = spec.python_checks()
 
 # One fp32 1.0 per device: the k_scale of caches that need none. Made outside any capture.
 _UNIT_SCALE: dict[torch.device, torch.Tensor] = {}
@@ -54,11 +51,17 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
             raise RuntimeError(
                 "k_scale: the default k_scale is created on first use and cannot be made during "
                 "a graph capture; run warmup_decode_attention_fwd_verify (or one eager call) "
-                "before capturing, or pass k_scale"
-            )
+                "before capturing, or pass k_scale")
         t = torch.ones((), dtype=torch.float32, device=device)
         _UNIT_SCALE[device] = t
     return t
+
+
+def device_guard(device: torch.device):
+    """Run launches (and the scratch they allocate) on ``device``, not the current device."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def _storage_view(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
@@ -81,20 +84,31 @@ def verify_num_kv_splits(
     batch: int,
     qlen: int,
     num_heads: int,
-    sm_count: int,
-    block_h: int = VERIFY_DEFAULT_CONFIG["BLOCK_H"],
+    sm_count: int | None = None,
+    block_h: int | None = None,
     occupancy: float = 1.0,
-    min_work_per_split: int = 64,
+    min_work_per_split: int | None = None,
     max_splits: int = 8,
 ) -> int:
-    """Static upper bound on KV splits (safe to bake into a cudagraph).
+    """Static upper bound on KV splits (safe to bake into a CUDA graph).
 
     The kernel splits each request's own length into ``max(cdiv(L, splits), MIN_SPLIT_LEN)``
     chunks, so this only caps the split count. ``occupancy`` is the number of resident stage-1
     programs per SM/CU. If one split of every request fits in a single dispatch round, use as
     many splits as fit in that round; otherwise pick n <= max_splits minimising rounds(n) / n
     (the idle tail of the last round), preferring fewer splits within 5% of the best.
+
+    Unlike the seed, ``block_h`` and ``min_work_per_split`` default to the config the table
+    selects for this batch (its ``BLOCK_H`` and ``MIN_SPLIT_LEN``), and ``sm_count`` to this
+    GPU's: the seed's fixed 32 and 64 disagree with the sm_90 table's 16/64-row tiles and
+    128/512-token splits, which cost up to 2x on the H200 (and twice the workspace at M1).
     """
+    if block_h is None or min_work_per_split is None:
+        cfg = select_verify_config(batch, qlen, num_heads)
+        block_h = cfg["BLOCK_H"] if block_h is None else block_h
+        min_work_per_split = (cfg["MIN_SPLIT_LEN"] if min_work_per_split is None
+                              else min_work_per_split)
+    sm_count = platform.current().sm_count if sm_count is None else sm_count
     programs_per_split = max(1, batch) * verify_row_blocks(qlen, num_heads, block_h)
     ideal = triton.cdiv(max(1, max_seq_len), max(1, min_work_per_split))
     slots = max(1, int(occupancy * sm_count))
@@ -133,8 +147,7 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
     of it with QSPLIT) and ``[1, BLOCK_N, Lk - Lv]`` for the rope part (Triton issues a block
     wider than one hardware box, 256 elements, as several copies). It needs a CUDA GPU of
     capability 9 or more (or the interpreter), blocks that never straddle a page, a rope part
-    and 16-byte aligned base and strides. The descriptor is a kernel argument
-    passed by value, so a captured graph holds it and a launch allocates nothing.
+    and 16-byte aligned base and strides.
     """
     if not cfg["TMA"] or TensorDescriptor is None or k_buffer.dtype in FP8_DTYPES:
         # fp8: measured 2.3x slower through TMA on the H200 (M4; benchmarks/NOTES.md v3): the
@@ -158,6 +171,17 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
             TensorDescriptor(k_buffer, shape, strides, [1, block_n, dpe]))
 
 
+def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor, Lv: int,
+                  config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config a launch of these facts runs: the table's, ``config`` laid over it, and the
+    facts of the launch that the table cannot see (a 16-wide Lv cannot be halved by QSPLIT)."""
+    fp8 = k_buffer.dtype in FP8_DTYPES
+    cfg = select_verify_config(batch, qlen, num_heads, fp8=fp8, config=config)
+    if Lv < 32 and cfg.get("QSPLIT"):
+        cfg["QSPLIT"] = 0  # the halves would be narrower than a dot's K of 16
+    return cfg
+
+
 def decode_attention_fwd_verify(
     q,
     k_buffer,
@@ -173,6 +197,9 @@ def decode_attention_fwd_verify(
     sm_scale,
     page_size,
     k_scale=None,
+    cp_world=1,
+    cp_rank=0,
+    cp_interleave=1,
     *,
     config: dict[str, Any] | None = None,
 ):
@@ -187,38 +214,44 @@ def decode_attention_fwd_verify(
         v_buffer: ``k_buffer[..., :Lv]``; V is read from the K tile, only its width is used.
         o: ``[B*qlen, H, Lv]`` dtype of q — written.
         lse: ``[B*qlen, H]`` fp32 natural-log LSE, ``-inf`` for rows with no key — written.
-        req_to_token: ``[B, max_pages]`` int32 block table, one row per request.
-        seq_lens: ``[B]`` int32 KV length L (verify tokens included).
+        req_to_token: ``[B, max_pages]`` int32 block table, one row per request (last dim
+            contiguous).
+        seq_lens: ``[B]`` int32 KV length L (verify tokens included), contiguous.
         real_seq_lens: ``[B]`` int32 or None; row t's limit is
             ``max(min(L - qlen + 1 + t, L_real), 0)``.
         qlen: verify tokens per request.
         attn_logits: fp32 workspace ``[B*qlen, H, num_kv_splits, Lv+1]`` (or larger rows) —
             written when ``num_kv_splits > 1``; may be None when it is 1.
         num_kv_splits: static cap on KV splits per request; shorter requests use fewer.
-        sm_scale: softmax scale.
+        sm_scale: softmax scale (finite, positive).
         page_size: tokens per cache page.
         k_scale: scalar fp32 tensor dequantizing an fp8 cache; ignored for bf16/fp16.
+        cp_world, cp_rank, cp_interleave: context parallelism (``mla_ops.parallel``): this
+            rank's cache holds the global key blocks ``i`` of ``cp_interleave`` tokens with
+            ``i % cp_world == cp_rank``; ``seq_lens``/``real_seq_lens`` stay global.
         config: keyword-only overrides of the selected launch config (benchmarks, sweeps).
     """
-    batch, num_heads, Lk, Lv = checks.check_decode_verify(
-        q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
-        attn_logits, num_kv_splits, sm_scale, page_size, k_scale,
-    )
-    plat = platform.current()
-    cfg = select_verify_config(batch, qlen, num_heads)
-    if config:
-        unknown = set(config) - set(cfg) - set(HIP_LAUNCH_KEYS)
-        if unknown:
-            raise ValueError(f"config: unknown keys {sorted(unknown)}")
-        cfg.update(config)
-        if plat.is_cuda and not plat.interpret and not swap_ab_stages_ok(cfg):
-            raise ValueError(
-                f"config: SWAP_AB with num_stages {cfg['num_stages']} miscompiles on CUDA "
-                f"(Triton 3.6: wrong results on the H200); use num_stages >= {MIN_SWAP_AB_STAGES}"
-            )
-    num_rows = q.shape[0]
-    if batch == 0:
+    args = (q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
+            attn_logits, num_kv_splits, sm_scale, page_size, k_scale, cp_world, cp_rank,
+            cp_interleave)
+    batch, num_heads, Lk, Lv = _CHECK["decode_verify"](*args)
+    if checked.enabled():
+        checked.validate_decode_verify(*args)
+    cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config)
+    if batch == 0 or num_heads == 0:
         return
+    with device_guard(q.device):
+        _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
+                attn_logits, num_kv_splits, sm_scale, page_size, k_scale, Lk, Lv,
+                cp_world, cp_rank, cp_interleave)
+
+
+def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen, attn_logits,
+            num_kv_splits, sm_scale, page_size, k_scale, Lk, Lv, cp_world, cp_rank,
+            cp_interleave):
+    """Stage 1, then (several splits) stage 2, of a checked call under its device."""
+    plat = platform.current()
+    batch, num_heads = q.shape[0] // qlen, q.shape[1]
     single = num_kv_splits == 1
     if single:
         # Stage 1 writes o / lse directly; o only stands in for the workspace pointer.
@@ -243,12 +276,14 @@ def decode_attention_fwd_verify(
     # compiled variant whatever the batch: the loop runs once when the work fits).
     persistent = cfg["PERSISTENT"] > 0
     grid = (min(programs, cfg["PERSISTENT"] * plat.sm_count) if persistent else programs,)
+    cp = {"CP_WORLD": cp_world} if cp_world > 1 else {}
+    cp_args = (cp_rank, cp_interleave) if cp_world > 1 else ()
     kernels._fwd_verify_stage1[grid](
         q, k_buffer, k_desc, kpe_desc, sm_scale * _LOG2E, req_to_token, seq_lens, real, mid, o, lse,
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        k_scale, batch, num_kv_splits,
+        k_scale, batch, num_kv_splits, *cp_args,
         QLEN=qlen,
         NUM_HEADS=num_heads,
         HAS_REAL=has_real,
@@ -267,6 +302,7 @@ def decode_attention_fwd_verify(
         USE_TMA=k_desc is not None,
         PERSISTENT=persistent,
         USE_PDL=use_pdl,
+        **cp,
         **launch_kw,
     )
     if single:
@@ -274,11 +310,11 @@ def decode_attention_fwd_verify(
     block_dv = triton.next_power_of_2(Lv)
     if cfg["S2_BLOCK_DV"]:
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
-    kernels._fwd_verify_stage2[(num_rows, num_heads, triton.cdiv(Lv, block_dv))](
+    kernels._fwd_verify_stage2[(q.shape[0], num_heads, triton.cdiv(Lv, block_dv))](
         attn_logits, o, lse, seq_lens, real,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        num_kv_splits,
+        num_kv_splits, *cp_args,
         QLEN=qlen,
         HAS_REAL=has_real,
         SPLIT_ALIGN=cfg["SPLIT_ALIGN"],
@@ -287,6 +323,7 @@ def decode_attention_fwd_verify(
         BLOCK_DV=block_dv,
         Lv=Lv,
         USE_PDL=use_pdl,
+        **cp,
         num_warps=cfg["s2_num_warps"],
         num_stages=1,
         **({"launch_pdl": True} if use_pdl else {}),
@@ -304,6 +341,19 @@ def _scratch_like(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.as_strided(base, shape, t.stride(), offset)
 
 
+def reachable_batches(qlen: int, num_heads: int) -> list[int]:
+    """One batch for each config the table can select for ``qlen`` and ``num_heads`` (both
+    sides of every row bound), which is what a warmup must compile."""
+    per_batch = qlen * num_heads
+    batches = {1}
+    from .. import tuning
+
+    for bound in tuning.thresholds("decode_verify", "rows"):
+        edge = bound // per_batch
+        batches.update(b for b in (edge, edge + 1) if b >= 1)
+    return sorted(batches)
+
+
 def warmup_decode_attention_fwd_verify(
     q,
     k_buffer,
@@ -316,53 +366,53 @@ def warmup_decode_attention_fwd_verify(
     sm_scale,
     page_size,
     k_scale=None,
+    cp_world=1,
+    cp_rank=0,
+    cp_interleave=1,
+    *,
+    batches: Sequence[int] | None = None,
+    config: dict[str, Any] | None = None,
 ):
     """Compile every launch variant serving can reach for these tensors.
 
     For each qlen in ``qlens``: each config the arch's table can select for these heads (one
-    representative batch per bucket), with one split and with several (``attn_logits.shape[2]``
-    if given, else 2; every cap > 1 shares one variant), with real_seq_lens iff ``has_real``.
-    Each runs once on scratch tensors with the strides (and pointer alignment) of the real ones;
-    no caller-visible tensor is written. Also creates the default ``k_scale`` so that a later
-    capture allocates nothing.
+    representative batch per bucket, or the given ``batches``), with one split and with several
+    (``attn_logits.shape[2]`` if given, else 2; every cap > 1 shares one variant), with
+    real_seq_lens iff ``has_real``. Each runs once on scratch tensors with the strides (and
+    pointer alignment) of the real ones; no caller-visible tensor is written. Also creates the
+    default ``k_scale`` so that a later capture allocates nothing.
 
     Args: as :func:`decode_attention_fwd_verify`; q/o/lse/req_to_token give strides, dtypes and
     heads only (their row counts are free); attn_logits may be None.
     """
-    checks.check_warmup_decode_verify(
-        q, k_buffer, o, lse, req_to_token, has_real, qlens, attn_logits, sm_scale, page_size,
-        k_scale,
-    )
+    _CHECK["warmup_decode_verify"](q, k_buffer, o, lse, req_to_token, has_real, qlens,
+                                   attn_logits, sm_scale, page_size, k_scale, cp_world, cp_rank,
+                                   cp_interleave)
     num_heads, Lv = q.shape[1], o.shape[-1]
     dev = q.device
-    _unit_scale(dev)
-    splits_many = attn_logits.shape[2] if attn_logits is not None and attn_logits.dim() == 4 else 2
-    splits_many = max(2, splits_many)
-    v_buffer = k_buffer[..., :Lv]
-    for qlen in qlens:
-        for batch, _cfg in reachable_verify_configs(qlen, num_heads):
-            rows = batch * qlen
-            seq_lens = torch.full((batch,), qlen, dtype=torch.int32, device=dev)
-            block_table = _scratch_like(req_to_token, batch).zero_()
-            for num_kv_splits in (1, splits_many):
-                workspace = None
-                if num_kv_splits > 1:
-                    workspace = torch.empty(
-                        (rows, num_heads, num_kv_splits, Lv + 1), dtype=torch.float32, device=dev
-                    )
-                decode_attention_fwd_verify(
-                    _scratch_like(q, rows).zero_(),
-                    k_buffer,
-                    v_buffer,
-                    _scratch_like(o, rows),
-                    _scratch_like(lse, rows),
-                    block_table,
-                    seq_lens,
-                    seq_lens if has_real else None,
-                    qlen,
-                    workspace,
-                    num_kv_splits,
-                    sm_scale,
-                    page_size,
-                    k_scale=k_scale,
-                )
+    with device_guard(dev):
+        _unit_scale(dev)
+        splits_many = attn_logits.shape[2] if attn_logits is not None and attn_logits.dim() == 4 else 2
+        splits_many = max(2, splits_many)
+        v_buffer = k_buffer[..., :Lv]
+        for qlen in qlens:
+            seen = set()
+            for batch in batches or reachable_batches(qlen, num_heads):
+                cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config)
+                key = tuple(sorted(cfg.items()))
+                if key in seen:
+                    continue
+                seen.add(key)
+                rows = batch * qlen
+                seq_lens = torch.full((batch,), qlen, dtype=torch.int32, device=dev)
+                block_table = _scratch_like(req_to_token, batch).zero_()
+                for num_kv_splits in (1, splits_many):
+                    workspace = None
+                    if num_kv_splits > 1:
+                        workspace = torch.empty((rows, num_heads, num_kv_splits, Lv + 1),
+                                                dtype=torch.float32, device=dev)
+                    decode_attention_fwd_verify(
+                        _scratch_like(q, rows).zero_(), k_buffer, v_buffer,
+                        _scratch_like(o, rows), _scratch_like(lse, rows), block_table, seq_lens,
+                        seq_lens if has_real else None, qlen, workspace, num_kv_splits, sm_scale,
+                        page_size, k_scale, cp_world, cp_rank, cp_interleave, config=config)

@@ -1,108 +1,82 @@
-"""Launch tables of the encoder attention, one per architecture, as data.
+"""Launch configurations of the encoder attention, registered with :mod:`mla_ops.tuning`.
 
-A table is a list of rules. The first rule is the architecture's base configuration; each
-later rule has a ``match`` dict and overrides the keys it names when every condition holds.
-Conditions (all optional):
+Facts a table rule may match (``mla_ops.tuning`` has the rule format):
 
-- ``split``: ``[BLOCK_D, BLOCK_D_TAIL]`` of the launch, e.g. ``[64, 16]`` for head dims 72, 80;
-- ``aligned``: the HEAD_STRIDE_ALIGNED_8 hint is on (every token/head stride % 8 == 0);
-- ``head_dim_max`` / ``head_dim_min``: bounds on the real head dim;
+- ``head_dim``: the real head dim; ``split``: ``"<BLOCK_D>+<BLOCK_D_TAIL>"`` of the launch,
+  e.g. ``"64+16"`` for head dims 72 and 80;
+- ``aligned``: the 8-element head-stride hint holds (every token/head stride % 8 == 0);
 - ``causal``: the launch is causal.
 
-Base-rule-only key: ``unaligned_copy`` — views whose token/head strides are not multiples of 8
-elements run on aligned copies instead of the hint-less kernel (sm_90: Triton 3.6 miscompiled
-that kernel on the H200, see benchmarks/results/h200/README_prefill.md).
+Config keys of the ``triton`` family: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``,
+``tma`` (K/V through tensor descriptors; taken only where the alignment hint holds, for 16-bit
+dtypes), ``waves_per_eu`` (HIP only; 0: unset), and two launch choices a caller may override:
+``split_head_dim`` (False pads the head dim to the next power of two instead of main + tail)
+and ``aligned`` (False drops the alignment hint; True applies it only where the strides allow).
 
-Launch keys: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``tma`` (K/V through
-tensor descriptors; taken only where the alignment hint holds, for 16-bit dtypes), and
-``waves_per_eu`` (HIP only; dropped elsewhere). The sm_90 table is ``tables/sm_90.json``, written by
-``benchmarks/benchmark_vit_prefill_attn.py --sweep`` on an H200: a retune is a data change.
+``tables/sm_90.json`` was written by ``benchmarks/benchmark_vit_prefill_attn.py --sweep`` on an
+H200: a retune is a data change.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import pathlib
+from typing import Any
 
-__all__ = ["TABLES", "LAUNCH_KEYS", "table_for", "select", "SM90_TABLE_PATH", "load_table"]
+from .. import tuning
 
-LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "tma")
+__all__ = ["PREFILL_DEFAULT_CONFIG", "KERNEL", "prefill_facts", "select_prefill_config"]
 
-SM90_TABLE_PATH = os.path.join(os.path.dirname(__file__), "tables", "sm_90.json")
+PREFILL_DEFAULT_CONFIG: dict[str, Any] = {
+    "BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "tma": False,
+    "waves_per_eu": 0, "split_head_dim": True, "aligned": True,
+}
 
 # Anything without a table of its own (sm_80, sm_89, gfx942, the interpreter). The Ampere
 # habit: 128-row blocks, 64-key tiles, 8 warps once the head dim passes 64, smaller tiles for
 # the 256-wide heads whose fp32 accumulator would not fit in registers otherwise.
-GENERIC = [
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-    {"match": {"head_dim_max": 64}, "num_warps": 4},
-    {"match": {"head_dim_min": 129}, "BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-]
+_GENERIC = {
+    "arch": "default",
+    "source": "generic (Ampere habits)",
+    "rules": [
+        {"match": {"head_dim_max": 64}, "config": {"num_warps": 4}},
+        {"match": {"head_dim_min": 129},
+         "config": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}},
+        {"config": {}},
+    ],
+}
 
 # Seed 001 (Radeon 8060S): the RDNA tile of vllm-project#58225 (BLOCK_N capped at 32; 4 warps
 # at head dim 64, 8 above), and the narrow tile BLOCK_N=16 with 4 warps taken only for the
 # (64, 16) split with the alignment hint on; a padded 72-wide view (no hint, scalar loads)
 # keeps the wider tile, where the narrow one regresses (2.676 vs 2.449 ms). No waves_per_eu
 # override helped, so none is set.
-GFX1151 = [
-    {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1},
-    {"match": {"head_dim_max": 64}, "num_warps": 4},
-    {"match": {"split": [64, 16], "aligned": True}, "BLOCK_N": 16, "num_warps": 4},
-]
-
-# Used until a sweep has written tables/sm_90.json: wgmma wants 64 rows per warpgroup, so
-# 128-row blocks on 8 warps, 64-key tiles, 3 stages of cp.async.
-SM90_FALLBACK = [
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "unaligned_copy": True},
-    {"match": {"head_dim_min": 129}, "BLOCK_N": 32, "num_stages": 2},
-]
-
-
-def load_table(path: str) -> list[dict] | None:
-    """The ``rules`` list of a sweep-written JSON table, or None when there is none."""
-    try:
-        with open(path) as f:
-            return json.load(f)["rules"]
-    except FileNotFoundError:
-        return None
-
-
-TABLES: dict[str, list[dict]] = {
-    "generic": GENERIC,
-    "gfx1151": GFX1151,
-    "sm_90": load_table(SM90_TABLE_PATH) or SM90_FALLBACK,
+_GFX1151 = {
+    "arch": "gfx1151",
+    "source": "seed 001 (Radeon 8060S)",
+    "rules": [
+        {"match": {"split": "64+16", "aligned": True},
+         "config": {"BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}},
+        {"match": {"head_dim_max": 64},
+         "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}},
+        {"config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}},
+    ],
 }
 
-
-def table_for(arch: str) -> list[dict]:
-    return TABLES.get(arch, TABLES["generic"])
-
-
-def _matches(cond: dict, facts: dict) -> bool:
-    for key, want in cond.items():
-        if key == "split":
-            if list(facts["split"]) != list(want):
-                return False
-        elif key == "head_dim_max":
-            if facts["head_dim"] > want:
-                return False
-        elif key == "head_dim_min":
-            if facts["head_dim"] < want:
-                return False
-        elif key in ("aligned", "causal"):
-            if bool(facts[key]) != bool(want):
-                return False
-        else:
-            raise KeyError(f"unknown match condition {key!r} in a prefill launch table")
-    return True
+KERNEL = tuning.register(tuning.Kernel(
+    name="prefill",
+    defaults={"triton": PREFILL_DEFAULT_CONFIG},
+    facts=("head_dim", "split", "aligned", "causal"),
+    builtin={"default": _GENERIC, "gfx1151": _GFX1151},
+    table_dir=pathlib.Path(__file__).parent / "tables",
+))
 
 
-def select(arch: str, *, head_dim: int, split: tuple[int, int], aligned: bool, causal: bool) -> dict:
-    """The launch configuration of ``arch`` for these facts: base rule, then matching overrides."""
-    rules = table_for(arch)
-    facts = {"head_dim": head_dim, "split": split, "aligned": aligned, "causal": causal}
-    cfg = {k: v for k, v in rules[0].items() if k != "match"}
-    for rule in rules[1:]:
-        if _matches(rule.get("match", {}), facts):
-            cfg.update({k: v for k, v in rule.items() if k != "match"})
-    return cfg
+def prefill_facts(head_dim: int, split: tuple[int, int], aligned: bool, causal: bool) -> dict:
+    return {"head_dim": head_dim, "split": f"{split[0]}+{split[1]}", "aligned": bool(aligned),
+            "causal": bool(causal)}
+
+
+def select_prefill_config(head_dim: int, split: tuple[int, int], aligned: bool, causal: bool,
+                          config: dict[str, Any] | None = None) -> dict[str, Any]:
+    return tuning.select("prefill", prefill_facts(head_dim, split, aligned, causal),
+                         config=config)

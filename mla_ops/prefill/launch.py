@@ -1,25 +1,26 @@
 """Host side of the encoder attention: checks, launch configuration, grid, launch.
 
-``context_attention_fwd`` validates its arguments (``mla_ops.checks``), works out the launch
-facts once (the head-dim split, whether every stride allows the alignment hint), asks the
-architecture's table (``configs.py``) for the tile, and launches
-``kernels.context_attention_kernel``. ``capture_launches`` records the launch instead of
-running it, so tests can assert every architecture's choice on any machine.
+``context_attention_fwd`` validates its arguments (the op's spec, :mod:`mla_ops.spec`), works
+out the launch facts once (the head-dim split, whether every stride allows the alignment hint),
+asks the architecture's table (``configs.py``, through :mod:`mla_ops.tuning`) for the tile,
+with ``config=`` laid over it, and launches ``kernels.context_attention_kernel`` under the
+device of ``q``. :func:`build_launch` returns that launch without running it, so tests can
+assert every architecture's choice on any machine.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from typing import Iterator
+from typing import Any
 
 import torch
 import triton
 
-from .. import checks
+from .. import checked, spec, tuning
+from ..decode_verify.launch import device_guard
 from ..platform import current
-from . import configs
+from .configs import select_prefill_config
 from .kernels import context_attention_kernel
 
 __all__ = [
@@ -27,12 +28,11 @@ __all__ = [
     "head_dim_split",
     "head_stride_aligned_8",
     "build_launch",
-    "capture_launches",
-    "launch_overrides",
     "Launch",
 ]
 
 _LOG2E = 1.4426950408889634
+_CHECK = spec.python_checks()
 
 
 def head_dim_split(head_dim: int, enabled: bool = True) -> tuple[int, int]:
@@ -71,57 +71,42 @@ class Launch:
 
     grid: tuple[int, int, int]
     kwargs: dict
-    copied: bool = False  # q/k/v/o were unaligned views, run on aligned copies
+    copied: bool = False  # q/k/v/o are aligned copies of unaligned views (see build_launch)
+    out: torch.Tensor | None = None  # the caller's o, written back from the copy
 
     @property
     def config(self) -> dict:
         """The tuning-relevant part, as the tests' expect tables print it."""
         keys = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_D_TAIL", "HEAD_STRIDE_ALIGNED_8",
                 "USE_TMA", "num_warps", "num_stages", "waves_per_eu")
-        return {k: self.kwargs[k] for k in keys if k in self.kwargs}
-
-
-_overrides: dict = {}
-_capture: list | None = None
-
-
-@contextlib.contextmanager
-def launch_overrides(**overrides) -> Iterator[None]:
-    """Force launch values: any of ``configs.LAUNCH_KEYS``, plus ``split_head_dim`` (bool) and
-    ``aligned`` (bool; False drops the alignment hint, True is only honoured when the strides
-    allow it). For benchmarks, sweeps and tests; serving never sets it."""
-    global _overrides
-    saved, _overrides = _overrides, {**_overrides, **overrides}
-    try:
-        yield
-    finally:
-        _overrides = saved
-
-
-@contextlib.contextmanager
-def capture_launches() -> Iterator[list[Launch]]:
-    """Record every launch ``context_attention_fwd`` would make, without running the kernel."""
-    global _capture
-    saved, _capture = _capture, []
-    try:
-        yield _capture
-    finally:
-        _capture = saved
+        return {k: self.kwargs[k] for k in keys if k in self.kwargs} | (
+            {"copied": True} if self.copied else {})
 
 
 def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=True,
                  softmax_scale=None, sliding_window_q=None, sliding_window_k=None,
-                 sinks=None) -> Launch:
-    """The launch ``context_attention_fwd`` makes for these (already checked) arguments."""
+                 sinks=None, *, config: dict[str, Any] | None = None) -> Launch:
+    """The launch ``context_attention_fwd`` makes for these (already checked) arguments.
+
+    Where the running compiler miscompiles the hint-less kernel (``tuning.WORKAROUNDS
+    ["prefill_unaligned_copy"]``), views whose strides are not multiples of 8 elements are
+    launched on aligned copies: ``Launch.copied``, and :func:`run_launch` copies ``o`` back.
+    """
     total, hq, head_dim = q.shape
     hkv = k.shape[1]
     batch = b_seq_len.shape[0]
     plat = current()
-    split = head_dim_split(head_dim, _overrides.get("split_head_dim", True))
-    aligned = head_stride_aligned_8(q, k, v, o) and _overrides.get("aligned", True)
-    cfg = configs.select(plat.arch, head_dim=head_dim, split=split, aligned=aligned,
-                         causal=is_causal)
-    cfg.update({key: _overrides[key] for key in configs.LAUNCH_KEYS if key in _overrides})
+    want = config or {}
+    split = head_dim_split(head_dim, want.get("split_head_dim", True))
+    strides_ok = head_stride_aligned_8(q, k, v, o)
+    copied = None
+    if (not strides_ok and want.get("aligned", True)
+            and tuning.workaround_active("prefill_unaligned_copy", plat)):
+        copied = o  # o is copied in too, so rows outside every sequence come back unchanged
+        q, k, v, o = (_aligned_view(t) for t in (q, k, v, o))
+        strides_ok = True
+    aligned = strides_ok and want.get("aligned", True)
+    cfg = select_prefill_config(head_dim, split, aligned, is_causal, config)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     kwargs = dict(
@@ -144,79 +129,69 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
         NUM_M_BLOCKS_REVERSED=bool(is_causal),
         NUM_STAGES=cfg["num_stages"],
         # The copy engine needs 16-byte aligned bases and strides: the aligned-8 facts.
-        USE_TMA=bool(cfg.get("tma")) and aligned and q.element_size() <= 2,
+        USE_TMA=bool(cfg["tma"]) and aligned and q.element_size() <= 2,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    if plat.is_hip and cfg.get("waves_per_eu"):
+    if plat.is_hip and cfg["waves_per_eu"]:
         kwargs["waves_per_eu"] = cfg["waves_per_eu"]
     grid = (triton.cdiv(max_input_len, cfg["BLOCK_M"]), hq, batch)
-    return Launch(grid=grid, kwargs=kwargs)
+    return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied)
 
 
-def _aligned_view(t: torch.Tensor, init: bool = True) -> torch.Tensor:
+def _aligned_view(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` ``[T, H, D]`` in a buffer whose head stride is D rounded up to 8."""
     total, heads, head_dim = t.shape
     buf = torch.empty(total, heads, -(-head_dim // 8) * 8, dtype=t.dtype, device=t.device)
     view = buf[..., :head_dim]
-    if init:
-        view.copy_(t)
+    view.copy_(t)
     return view
 
 
-def _needs_unaligned_copy(q, k, v, o) -> bool:
-    """The arch's table asks for aligned copies of views the alignment hint cannot cover."""
-    if head_stride_aligned_8(q, k, v, o) or _overrides.get("aligned", True) is False:
-        return False
-    return bool(configs.table_for(current().arch)[0].get("unaligned_copy", False))
+def run_launch(launch: Launch) -> None:
+    """Run a launch made by :func:`build_launch` (under the device of its tensors)."""
+    q = launch.kwargs["Q"]
+    if min(launch.grid) == 0 or q.shape[0] == 0:
+        return
+    with device_guard(q.device):
+        if launch.kwargs["USE_TMA"]:
+            _ensure_allocator()
+        context_attention_kernel[launch.grid](**launch.kwargs)
+        if launch.out is not None:
+            launch.out.copy_(launch.kwargs["O"])
 
 
 def context_attention_fwd(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=True,
                           softmax_scale=None, sliding_window_q=None, sliding_window_k=None,
-                          sinks=None) -> None:
+                          sinks=None, *, config: dict[str, Any] | None = None) -> None:
     """Encoder (ViT) attention on packed variable-length sequences; writes ``o``.
 
     Args:
-        q: ``[total, Hq, D]`` fp16/bf16/fp32, last dim contiguous (any token/head strides).
+        q: ``[total, Hq, D]`` fp16/bf16/fp32, 16 <= D <= 256, last dim contiguous (any
+            token/head strides).
         k, v: ``[total, Hkv, D]``, dtype of q, Hq a multiple of Hkv (head h reads KV head
             ``h // (Hq // Hkv)``).
         o: ``[total, Hq, D]`` output, dtype of q. Mutated: the rows of every sequence; rows
             outside all sequences are left as they were.
-        b_start_loc, b_seq_len: ``[B]`` int32/int64 first token and length of each sequence.
-        max_input_len: an upper bound on ``b_seq_len`` (sizes the grid; no device sync).
+        b_start_loc, b_seq_len: ``[B]`` int32/int64 (contiguous) first token and length of
+            each sequence.
+        max_input_len: an upper bound on ``b_seq_len`` (sizes the grid; no device sync:
+            checked mode verifies it).
         is_causal: query i sees keys j <= i of its own sequence (top-left).
-        softmax_scale: defaults to ``1/sqrt(D)``; must be positive.
+        softmax_scale: defaults to ``1/sqrt(D)``; finite and positive.
         sliding_window_q / sliding_window_k: when > 0, keep ``i - j <= w`` / ``j - i <= w``.
         sinks: ``[Hq]`` per-head null logits (natural log, unscaled) added to the denominator.
+        config: keyword-only overrides of the selected launch config (``configs.py`` keys).
     """
-    checks.check_context_attention(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal,
-                                   softmax_scale, sliding_window_q, sliding_window_k, sinks)
-    if softmax_scale is not None and not softmax_scale > 0:
-        # The unmasked interior folds the scale into max(qk) * scale, true only for scale > 0.
-        raise ValueError(f"softmax_scale: expected a positive float, got {softmax_scale}")
-    o_user = None
-    if _needs_unaligned_copy(q, k, v, o):
-        # sm_90 with Triton 3.6: the kernel without the alignment hint (scalar loads, no
-        # cp.async pipelining) computed wrong tail lanes and once faulted on the H200, so views
-        # whose strides are not multiples of 8 run on aligned copies instead. o is copied in
-        # too, so rows outside every sequence come back unchanged.
-        o_user = o
-        q, k, v, o = (_aligned_view(t) for t in (q, k, v, o))
-    launch = build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal,
-                          softmax_scale, sliding_window_q, sliding_window_k, sinks)
-    launch.copied = o_user is not None
-    if _capture is not None:
-        _capture.append(launch)
-        return
-    if min(launch.grid) == 0 or q.shape[0] == 0:
-        return
-    if launch.kwargs["USE_TMA"]:
-        _ensure_allocator()
-    context_attention_kernel[launch.grid](**launch.kwargs)
-    if o_user is not None:
-        o_user.copy_(o)
+    args = (q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal, softmax_scale,
+            sliding_window_q, sliding_window_k, sinks)
+    _CHECK["context_attention"](*args)
+    if checked.enabled():
+        checked.validate_context_attention(*args)
+    run_launch(build_launch(*args, config=config))
 
 
 def _tma_scratch(size: int, alignment: int, stream):
+    # Under the launch's device guard, "cuda" is the device of the tensors.
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 

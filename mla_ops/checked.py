@@ -1,0 +1,152 @@
+"""Checked mode: validate the metadata only the data can show wrong, before any launch.
+
+Serving runs trust their index metadata, as they must for speed: a page index past the cache,
+a length past the block table or a start past the packed tokens cannot be seen without reading
+the tensors, which synchronises the device. Checked mode reads them. It is off by default and
+switched on by the environment variable ``MLA_OPS_CHECKED=1``, or in code::
+
+    with mla_ops.checked_mode():          # or mla_ops.set_checked_mode(True)
+        engine.step(...)
+
+Each failure is a ``ValueError`` that names the argument, the request and the value. Checked
+mode refuses to run inside a CUDA-graph capture (it synchronises). The plain-PyTorch reference
+(the ops' CPU kernels) synchronises anyway, so it always validates.
+
+When off, nothing here runs: the launch path is one flag test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+import torch
+
+__all__ = ["ENV", "enabled", "checked_mode", "set_checked_mode",
+           "validate_decode_verify", "validate_context_attention", "local_length"]
+
+ENV = "MLA_OPS_CHECKED"
+_override: bool | None = None  # set_checked_mode / checked_mode; None: the environment decides
+
+
+def enabled() -> bool:
+    if _override is not None:
+        return _override
+    return os.environ.get(ENV, "0") not in ("", "0")
+
+
+def set_checked_mode(on: bool | None) -> None:
+    """Turn checked mode on or off for this process (None: back to ``MLA_OPS_CHECKED``)."""
+    global _override
+    _override = on
+
+
+@contextlib.contextmanager
+def checked_mode(on: bool = True) -> Iterator[None]:
+    """Checked mode on (or off) inside the block."""
+    global _override
+    saved, _override = _override, on
+    try:
+        yield
+    finally:
+        _override = saved
+
+
+def _refuse_capture(op: str, device: torch.device) -> None:
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{op}: checked mode reads the metadata on the host (a device sync), which a CUDA "
+            f"graph capture cannot do; capture with checked mode off (unset {ENV} or leave "
+            f"mla_ops.checked_mode()) and validate with an eager call before capturing")
+
+
+def _first_bad(bad: torch.Tensor) -> tuple[int, ...] | None:
+    """Index of the first True of ``bad`` (one host sync), or None."""
+    if not bool(bad.any()):
+        return None
+    return tuple(int(i) for i in bad.nonzero()[0])
+
+
+def local_length(n: torch.Tensor, cp_world: int, cp_rank: int, cp_interleave: int) -> torch.Tensor:
+    """Keys of global positions ``[0, n)`` that rank ``cp_rank`` holds when blocks of
+    ``cp_interleave`` tokens go round-robin over ``cp_world`` ranks (``n`` itself when 1)."""
+    if cp_world == 1:
+        return n
+    span = cp_world * cp_interleave
+    rem = n % span - cp_rank * cp_interleave
+    return n // span * cp_interleave + rem.clamp(0, cp_interleave)
+
+
+def validate_decode_verify(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens,
+                           qlen, attn_logits, num_kv_splits, sm_scale, page_size, k_scale=None,
+                           cp_world=1, cp_rank=0, cp_interleave=1) -> None:
+    """Lengths non-negative, ``real_seq_lens <= seq_lens``, lengths within the block table, and
+    every page a request's length touches inside the cache. Arguments already spec-checked."""
+    _refuse_capture("decode_verify", q.device)
+    batch = seq_lens.shape[0]
+    if batch == 0:
+        return
+    lens = seq_lens.long()
+    bad = _first_bad(lens < 0)
+    if bad is not None:
+        raise ValueError(f"seq_lens: request {bad[0]} has length {int(lens[bad])}; lengths must "
+                         "be >= 0")
+    if real_seq_lens is not None:
+        real = real_seq_lens.long()
+        bad = _first_bad((real < 0) | (real > lens))
+        if bad is not None:
+            raise ValueError(
+                f"real_seq_lens: request {bad[0]} has real length {int(real[bad])} with "
+                f"seq_lens {int(lens[bad])}; expected 0 <= real_seq_lens <= seq_lens")
+    local = local_length(lens, cp_world, cp_rank, cp_interleave)
+    capacity = req_to_token.shape[1] * page_size
+    bad = _first_bad(local > capacity)
+    if bad is not None:
+        what = "length" if cp_world == 1 else f"length on rank {cp_rank} ({int(local[bad])} keys)"
+        raise ValueError(
+            f"seq_lens: request {bad[0]} has {what} {int(lens[bad])}, more than its block table "
+            f"holds ({req_to_token.shape[1]} pages of {page_size} = {capacity} tokens)")
+    num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
+    table = req_to_token[:batch].long()
+    slot = torch.arange(table.shape[1], device=table.device)
+    touched = slot[None, :] < (local[:, None] + page_size - 1) // page_size
+    bad = _first_bad(touched & ((table < 0) | (table >= num_pages)))
+    if bad is not None:
+        b, j = bad
+        raise ValueError(
+            f"req_to_token: request {b} maps its page {j} to cache page {int(table[b, j])}, "
+            f"outside the cache's [0, {num_pages}) pages")
+
+
+def validate_context_attention(q, k, v, o, b_start_loc, b_seq_len, max_input_len, *rest) -> None:
+    """Starts and lengths non-negative, every sequence inside the packed tokens, no two
+    sequences overlapping, and ``max_input_len >= max(b_seq_len)``."""
+    _refuse_capture("context_attention", q.device)
+    if b_seq_len.shape[0] == 0:
+        return
+    starts, lens = b_start_loc.long(), b_seq_len.long()
+    total = q.shape[0]
+    for name, values in (("b_start_loc", starts), ("b_seq_len", lens)):
+        bad = _first_bad(values < 0)
+        if bad is not None:
+            raise ValueError(f"{name}: sequence {bad[0]} has {name} {int(values[bad])}; expected "
+                             ">= 0")
+    bad = _first_bad(starts + lens > total)
+    if bad is not None:
+        raise ValueError(
+            f"b_seq_len: sequence {bad[0]} covers tokens [{int(starts[bad])}, "
+            f"{int(starts[bad] + lens[bad])}), past the {total} packed tokens of q")
+    bad = _first_bad(lens > max_input_len)
+    if bad is not None:
+        raise ValueError(f"max_input_len: {max_input_len} is below sequence {bad[0]}'s length "
+                         f"{int(lens[bad])}")
+    live = (lens > 0).nonzero().flatten()
+    order = live[torch.argsort(starts[live], stable=True)]
+    ends = starts[order] + lens[order]
+    bad = _first_bad(starts[order[1:]] < ends[:-1])
+    if bad is not None:
+        a, b = int(order[bad[0]]), int(order[bad[0] + 1])
+        raise ValueError(
+            f"b_start_loc: sequence {b} starts at {int(starts[b])}, inside sequence {a} "
+            f"([{int(starts[a])}, {int(starts[a] + lens[a])})); sequences must not overlap")
