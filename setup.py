@@ -20,8 +20,9 @@ import importlib.util
 import os
 import shutil
 import sys
+import sysconfig
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Command, Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -108,12 +109,42 @@ class BuildC(build_ext):
         return list(getattr(self, "_outputs", []))
 
 
+class Develop(Command):
+    """``setup.py develop``: what pip before 21.3 runs for ``pip install -e .`` (it has no PEP 660
+    editable builds). setuptools >= 80 turns it into a nested ``pip install -e .
+    --use-pep517``, which such a pip cannot do, and which would build in isolation (no torch, no
+    ``_C``). So, as pip >= 21.3 does through ``build_editable``: metadata, ``_C`` built in
+    place, and the source tree put on the path."""
+
+    description = "editable install for pips older than 21.3"
+    user_options = [("no-deps", "N", "ignored: pip installs the dependencies"),
+                    ("install-dir=", "d", "where the .pth file goes (default: site-packages)"),
+                    ("user", None, "ignored"), ("prefix=", None, "ignored")]
+    boolean_options = ["no-deps", "user"]
+
+    def initialize_options(self):
+        self.no_deps = self.install_dir = self.user = self.prefix = None
+
+    def finalize_options(self):
+        pass
+
+    def run(self):
+        self.run_command("egg_info")  # the metadata pip reads back (mla_ops.egg-info)
+        self.reinitialize_command("build_ext", inplace=1)
+        self.run_command("build_ext")
+        site = self.install_dir or sysconfig.get_paths()["purelib"]
+        with open(os.path.join(site, "mla_ops-editable.pth"), "w") as f:
+            f.write(ROOT + "\n")
+        _say(f"editable install through setup.py develop (a pip older than 21.3): {ROOT} is on "
+             f"the path of {site}")
+
+
 setup(
     packages=find_packages(include=["mla_ops", "mla_ops.*"]),
     package_data={"mla_ops": ["*/tables/*.json", "tables/*.json"]},
     # A placeholder the BuildC command builds with torch's extension tooling (or skips, saying
     # why): setuptools runs build_ext only for a distribution with extension modules.
     ext_modules=[Extension(EXT_NAME, sources=[])],
-    cmdclass={"build_ext": BuildC},
+    cmdclass={"build_ext": BuildC, "develop": Develop},
     zip_safe=False,
 )
