@@ -78,11 +78,13 @@ def current() -> Platform:
 
 
 @contextlib.contextmanager
-def mock_platform(arch: str, sm_count: int | None = None, is_hip: bool | None = None) -> Iterator[Platform]:
+def mock_platform(arch: str, sm_count: int | None = None, is_hip: bool | None = None,
+                  interpret: bool | None = None) -> Iterator[Platform]:
     """Pretend to run on ``arch`` (``"sm_90"``, ``"gfx942"``, ``"gfx1151"``, ``"sm_80"``, …).
 
-    Only host-side decisions (config selection, launch kwargs) see the mock; kernels still run
-    wherever the tensors live.
+    Only host-side decisions (config selection, launch kwargs, compiler workarounds) see the
+    mock; kernels still run wherever the tensors live. ``interpret`` defaults to whether
+    ``TRITON_INTERPRET`` is set.
     """
     global _override
     if is_hip is None:
@@ -93,7 +95,7 @@ def mock_platform(arch: str, sm_count: int | None = None, is_hip: bool | None = 
         is_hip=is_hip,
         is_cuda=not is_hip,
         sm_count=sm_count if sm_count is not None else default_sms,
-        interpret=interpreter_enabled(),
+        interpret=interpreter_enabled() if interpret is None else interpret,
         device_name=f"mocked {arch}",
     )
     saved, _override = _override, plat
