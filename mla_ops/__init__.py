@@ -14,12 +14,15 @@ from .decode_verify.launch import (
     verify_row_blocks,
     warmup_decode_attention_fwd_verify,
 )
+from .decode_verify.plan import VerifyPlan, plan_verify
 from .prefill.launch import context_attention_fwd
 from .reference import context_attention_ref, decode_verify_ref
 
 __version__ = "0.2.0"
 
 __all__ = [
+    "plan_verify",
+    "VerifyPlan",
     "decode_attention_fwd_verify",
     "select_verify_config",
     "verify_num_kv_splits",
