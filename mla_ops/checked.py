@@ -12,7 +12,8 @@ Each failure is a ``ValueError`` that names the argument, the request and the va
 mode refuses to run inside a CUDA-graph capture (it synchronises). The plain-PyTorch reference
 (the ops' CPU kernels) synchronises anyway, so it always validates.
 
-When off, nothing here runs: the launch path is one flag test.
+When off, nothing here runs: the launch path is one flag test (the environment is read at
+import, and again by ``set_checked_mode(None)``).
 """
 
 from __future__ import annotations
@@ -27,30 +28,34 @@ __all__ = ["ENV", "enabled", "checked_mode", "set_checked_mode",
            "validate_decode_verify", "validate_context_attention", "local_length"]
 
 ENV = "MLA_OPS_CHECKED"
-_override: bool | None = None  # set_checked_mode / checked_mode; None: the environment decides
+
+
+def _from_env() -> bool:
+    return os.environ.get(ENV, "0") not in ("", "0")
+
+
+_on = _from_env()  # the switch every launch reads
 
 
 def enabled() -> bool:
-    if _override is not None:
-        return _override
-    return os.environ.get(ENV, "0") not in ("", "0")
+    return _on
 
 
 def set_checked_mode(on: bool | None) -> None:
     """Turn checked mode on or off for this process (None: back to ``MLA_OPS_CHECKED``)."""
-    global _override
-    _override = on
+    global _on
+    _on = _from_env() if on is None else bool(on)
 
 
 @contextlib.contextmanager
 def checked_mode(on: bool = True) -> Iterator[None]:
     """Checked mode on (or off) inside the block."""
-    global _override
-    saved, _override = _override, on
+    global _on
+    saved, _on = _on, bool(on)
     try:
         yield
     finally:
-        _override = saved
+        _on = saved
 
 
 def _refuse_capture(op: str, device: torch.device) -> None:
