@@ -4,9 +4,11 @@ fp32 reference and timed in the same process, interleaved, and reported as a rat
 (the selected table config unless the first variant overrides it). Timings are noisy across
 runs; ratios inside one run are what NOTES.md compares.
 
-A variant is a JSON object of config overrides (``configs.VERIFY_DEFAULT_CONFIG`` keys) with an
-optional ``"splits"`` (``num_kv_splits``; default ``verify_num_kv_splits`` for its BLOCK_H) and
-``"name"``; ``{}`` is the table as selected.
+A variant is a JSON object of config overrides (``configs.VERIFY_DEFAULT_CONFIG`` keys, or
+``"family"``) with an optional ``"splits"`` (``num_kv_splits``; default
+``verify_num_kv_splits`` for its BLOCK_H and MIN_SPLIT_LEN) and ``"name"``; ``{}`` is the table
+as selected. A variant the tuning module refuses (e.g. SWAP_AB with one stage on CUDA) is
+reported and skipped.
 
     PYTHONPATH=. python benchmarks/ab_decode_verify.py --shape M1 M2 \
         --variant '{}' '{"TMA": 1}' '{"PERSISTENT": 1}' '{"splits": 16, "S2_BLOCK_DV": 128}' \
@@ -20,108 +22,117 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
+import os
 import statistics
 import sys
-import time
 from typing import Sequence
 
-_ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import cli  # noqa: E402  (first: --interpret must precede triton's import)
+from benchmarks import compile_pool, decode, harness, results  # noqa: E402
+from benchmarks.shapes import (  # noqa: E402
+    DEFAULT_SM_SCALE,
+    INTERPRET_CASE,
+    SHAPES,
+    flops,
+    unique_bytes,
+)
 
-import torch  # noqa: E402
-
-from benchmarks import benchmark_decode_verify as bench  # noqa: E402
+PROG = "ab_decode_verify.py"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", nargs="+", default=list(bench.SHAPES), choices=list(bench.SHAPES))
+    p.add_argument("--shape", nargs="+", metavar="NAME",
+                   help="named shapes (M1 ... M7, comma or space separated; default all)")
     p.add_argument("--variant", nargs="+", default=["{}"], help="JSON config overrides")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--no-prequeue", action="store_true",
                    help="also time each variant from an idle GPU (host launch latency included)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", metavar="PATH")
-    return p.parse_args(argv)
+    cli.add_jobs(p, "min(8, CPUs - 1)")
+    cli.add_common(p)
+    args = p.parse_args(argv)
+    if args.interpret and args.shape:
+        p.error("--interpret runs a tiny shape on the CPU; the named shapes need a GPU")
+    args.shape = cli.split_names(p, args.shape, list(SHAPES)) or list(SHAPES)
+    try:
+        args.variants = [json.loads(v) for v in args.variant]
+    except json.JSONDecodeError as e:
+        p.error(f"--variant: {e}")
+    if not all(isinstance(v, dict) for v in args.variants):
+        p.error("--variant: each variant is a JSON object")
+    return args
 
 
-def _split_variant(api, case, v: dict) -> tuple[str, dict, int, dict]:
+def resolve_variant(api: decode.Api, case, v: dict) -> tuple[str, dict, int, dict]:
+    """``(label, overrides, splits, config)``; raises the tuning module's ValueError."""
     v = dict(v)
     label = v.pop("name", None) or (json.dumps(v, sort_keys=True) if v else "table")
     splits = v.pop("splits", None)
-    cfg = bench.effective_config(api, case, v)
-    return label, v, splits or bench.default_splits(api, case, cfg), cfg
-
-
-def precompile(api, shapes: Sequence[str], variants: list[dict]) -> None:
-    """Every (shape, variant) launch compiled by the benchmark's worker pool first."""
-    jobs = bench.default_jobs()
-    if jobs == 0:
-        return
-    specs = []
-    for name in shapes:
-        case = bench.SHAPES[name].case
-        for v in variants:
-            _label, over, splits, _cfg = _split_variant(api, case, v)
-            specs.append(bench.compile_spec(case, "bf16", splits, over))
-    t0 = time.perf_counter()
-    pool = bench.CompilePool(jobs)
-    try:
-        done = pool.run(specs, deadline=time.monotonic() + 400)
-        bad = [v[1] for v in done.values() if v[0] != "ok"]
-        print(f"compiled {len(done)} launch variants in {time.perf_counter() - t0:.1f} s"
-              + (f"; {len(bad)} failed, e.g. {bad[0]}" if bad else ""))
-    except Exception as e:  # noqa: BLE001 - a head start only
-        print(f"note: parallel compile unavailable ({type(e).__name__}: {e})")
-    finally:
-        pool.close()
+    cfg = decode.effective_config(api, case, v)
+    return label, v, splits or decode.default_splits(api, case, cfg), cfg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("ab_decode_verify: needs a CUDA GPU", file=sys.stderr)
+    device = cli.pick_device(args.interpret, PROG)
+    if device is None:
         return 2
-    from benchmarks._common import env_info
+    import torch
 
-    variants = [json.loads(v) for v in args.variant]
-    api = bench.load_api()
-    env = env_info()
-    print(f"decode_verify A/B on {env.get('gpu')}, torch {env['torch']}, triton {env['triton']}")
-    precompile(api, args.shape, variants)
+    dtype = "fp16" if args.interpret else "bf16"
+    cases = [INTERPRET_CASE] if args.interpret else [SHAPES[n].case for n in args.shape]
+    api = decode.load_api()
+    env = results.env_info()
+    cli.banner("decode_verify A/B", env)
+    variants: dict = {}  # case -> [(label, overrides, splits, config)]
     rows = []
+    for case in cases:
+        variants[case] = []
+        for v in args.variants:
+            try:
+                variants[case].append(resolve_variant(api, case, v))
+            except ValueError as e:
+                print(f"  {case.label}: variant {json.dumps(v)} refused: {e}")
+                rows.append({"shape": case.name or case.label, "variant": json.dumps(v),
+                             "error": str(e)})
+    if device == "cuda":
+        jobs = compile_pool.default_jobs() if args.jobs is None else args.jobs
+        specs = [decode.compile_spec(c, dtype, s, over)
+                 for c, vs in variants.items() for _l, over, s, _c in vs]
+        compile_pool.precompile(decode.compile_job, decode.specs_by_key(specs), jobs, budget_s=400)
+
     failed = False
-    for name in args.shape:
-        case = bench.SHAPES[name].case
-        inp = bench.make_inputs(case, "cuda", torch.bfloat16, seed=args.seed)
-        ref = api.decode_verify_ref(inp.q, inp.kv[0], bench.LV, inp.req_to_token, inp.seq_lens,
-                                    None, case.qlen, bench.DEFAULT_SM_SCALE, case.page_size,
-                                    inp.k_scale)
+    for case, vs in variants.items():
+        if not vs:
+            continue
+        inp = decode.make_inputs(case, device, decode.DTYPES[dtype], seed=args.seed)
+        ref = decode.reference(api, inp, case, DEFAULT_SM_SCALE)
         calls = []
-        for v in variants:
-            label, v, splits, cfg = _split_variant(api, case, v)
-            fn = bench.make_call(api, inp, case.qlen, splits, bench.DEFAULT_SM_SCALE,
-                                 case.page_size, v or None)
-            chk = bench.check_call(fn, inp, ref, bench.CHECK_RTOL["bf16"])
+        for label, over, splits, cfg in vs:
+            fn = decode.make_call(api, inp, case.qlen, splits, DEFAULT_SM_SCALE, case.page_size,
+                                  over or None)
+            chk = decode.check_call(fn, inp, ref, decode.CHECK_RTOL[dtype])
             failed |= not chk["ok"]
-            calls.append((label, v, splits, cfg, fn, chk))
-        times = {label: [] for label, *_ in calls}
-        idle = {label: [] for label, *_ in calls}
+            calls.append((label, over, splits, cfg, fn, chk))
+        times: dict[str, list[float]] = {c[0]: [] for c in calls}
+        idle: dict[str, list[float]] = {c[0]: [] for c in calls}
         for _ in range(args.rounds):
-            for label, _v, _s, _c, fn, _chk in calls:
-                times[label].append(bench.time_call(fn, "cuda", args.replays)[0])
+            for label, _o, _s, _c, fn, _chk in calls:
+                times[label].append(harness.time_call(fn, device, args.replays)[0])
                 if args.no_prequeue:
-                    idle[label].append(bench.time_call(fn, "cuda", args.replays, prequeue=False)[0])
+                    idle[label].append(harness.time_call(fn, device, args.replays,
+                                                         prequeue=False)[0])
         first = statistics.median(times[calls[0][0]])
-        nbytes, nflops = bench.unique_bytes(case, 2), bench.flops(case)
-        print(f"{name} ({case.label}):")
-        for label, v, splits, cfg, _fn, chk in calls:
+        nbytes, nflops = unique_bytes(case, 2), flops(case)
+        print(f"{case.name or '-'} ({case.label}):")
+        for label, over, splits, cfg, _fn, chk in calls:
             t = statistics.median(times[label])
-            row = {"shape": name, "variant": label, "overrides": v, "num_kv_splits": splits,
-                   "config": cfg, "time_us": t, "times_us": times[label], "ratio": t / first,
+            row = {"shape": case.name or case.label, "variant": label, "overrides": over,
+                   "num_kv_splits": splits, "config": cfg, "time_us": t,
+                   "times_us": times[label], "ratio": t / first,
                    "TBps": nbytes / (t * 1e-6) / 1e12, "TFLOPs": nflops / (t * 1e-6) / 1e12,
                    "check": chk}
             extra = ""
@@ -134,11 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{spread:.1%}) {row['TBps']:.2f} TB/s {row['TFLOPs']:.0f} TFLOP/s, err "
                   f"{chk['err_o_rel']:.1e}{' FAIL' if not chk['ok'] else ''}{extra}")
         del inp, ref, calls
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     if args.json:
-        from benchmarks._common import write_json
-
-        write_json(args.json, rows)
+        results.write_json(args.json, rows, command=results.command_line(PROG, argv), env=env)
         print(f"wrote {args.json}")
     return 1 if failed else 0
 

@@ -1,0 +1,499 @@
+"""Decode-verify measurement, shared by the benchmark, the A/B script and the sweep.
+
+The launch knobs of the command line, the config and split count a launch runs with (the
+tuning table's, with overrides laid over it through ``mla_ops.tuning``), random paged inputs,
+the kernel call (optionally rotating copies of the cache), the check against the fp32
+reference, the compile job of the pool, FlashMLA beside ours when it is installed, and one
+case's row of the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from typing import Any, Callable
+
+import torch
+
+from benchmarks import compile_pool, harness
+from benchmarks.shapes import (
+    LK,
+    LV,
+    ANCHOR_CEILINGS,
+    DEFAULT_SM_SCALE,
+    SHAPES,
+    Case,
+    baseline_case,
+    baseline_seq_lens,
+    flops,
+    kv_bytes,
+    roofline,
+    unique_bytes,
+)
+from mla_ops.decode_verify.configs import KERNEL, VERIFY_DEFAULT_CONFIG
+
+# Every key of a config of the triton family, in the order configs.py defines them.
+LAUNCH_KEYS = tuple(VERIFY_DEFAULT_CONFIG)
+
+# --- launch knobs -------------------------------------------------------------------------------
+
+# flag -> (config key, help); every config key has one (tests/test_benchmarks_cli.py).
+KNOBS = {
+    "--block-h": ("BLOCK_H", "rows (verify token, head) per stage-1 program"),
+    "--block-n": ("BLOCK_N", "KV tokens per tile"),
+    "--num-warps": ("num_warps", None),
+    "--num-stages": ("num_stages", None),
+    "--qsplit": ("QSPLIT", "Lv part of Q, K and the accumulator in two halves (0/1)"),
+    "--swap-ab": ("SWAP_AB", "rows as wgmma's N: S^T = K Q^T, O^T = V^T P^T (0/1)"),
+    "--split-align": ("SPLIT_ALIGN", None),
+    "--min-split-len": ("MIN_SPLIT_LEN", None),
+    "--s2-block-s": ("S2_BLOCK_S", None),
+    "--s2-num-warps": ("s2_num_warps", None),
+    "--s2-block-dv": ("S2_BLOCK_DV", "columns of o per stage-2 program (0: all)"),
+    "--tma": ("TMA", "K tiles by bulk tensor copies (0/1)"),
+    "--persistent": ("PERSISTENT", "stage-1 programs per SM (0: one per work item)"),
+    "--pdl": ("PDL", "stage 2 by programmatic dependent launch (0/1)"),
+}
+FAMILIES = ("table", "triton", "gluon")
+
+
+def add_launch_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "launch (override the selected config; the qlen=1 feed keeps its own, but the family)")
+    g.add_argument("--family", choices=FAMILIES, default="table",
+                   help="kernel family: the table's choice (default), or one named (passed as "
+                   "config={'family': ...}; a family this mla_ops does not have is an error)")
+    g.add_argument("--splits", type=int, help="num_kv_splits (default: verify_num_kv_splits "
+                   "with the BLOCK_H and MIN_SPLIT_LEN of the config in use)")
+    for flag, (_key, text) in KNOBS.items():
+        g.add_argument(flag, type=int, help=text)
+
+
+def launch_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Config keys the command line sets (empty: the selected config as is)."""
+    out: dict[str, Any] = {}
+    if getattr(args, "family", "table") != "table":
+        out["family"] = args.family
+    for flag, (key, _text) in KNOBS.items():
+        v = getattr(args, flag[2:].replace("-", "_"))
+        if v is not None:
+            out[key] = v
+    return out
+
+
+def family_only(overrides: dict | None) -> dict:
+    """What of the overrides the qlen=1 feed takes: the kernel family."""
+    return {"family": overrides["family"]} if overrides and "family" in overrides else {}
+
+
+# --- the kernel API (imported late: tests stand a fake in) ---------------------------------------
+
+
+@dataclasses.dataclass
+class Api:
+    decode_attention_fwd_verify: Callable[..., None]
+    select_verify_config: Callable[..., dict]
+    verify_num_kv_splits: Callable[..., int]
+    decode_verify_ref: Callable[..., tuple]
+    sm_count: int
+
+
+def load_api() -> Api:
+    from mla_ops import platform
+    from mla_ops.decode_verify.launch import (
+        decode_attention_fwd_verify,
+        select_verify_config,
+        verify_num_kv_splits,
+    )
+    from mla_ops.reference import decode_verify_ref
+
+    return Api(decode_attention_fwd_verify, select_verify_config, verify_num_kv_splits,
+               decode_verify_ref, platform.current().sm_count)
+
+
+def effective_config(api: Api, case: Case, overrides: dict | None) -> dict:
+    """The config the launcher runs for ``case`` with ``overrides``: the tuning module's
+    selection and checks (a refused or unknown config raises its ValueError)."""
+    return dict(api.select_verify_config(case.B, case.qlen, case.H, fp8=case.fp8,
+                                         config=dict(overrides) if overrides else None))
+
+
+def default_splits(api: Api, case: Case, cfg: dict) -> int:
+    """The split cap serving passes for ``cfg``: ``verify_num_kv_splits`` with its BLOCK_H and
+    MIN_SPLIT_LEN (what ``plan_verify`` computes for the table's config)."""
+    return api.verify_num_kv_splits(case.L, case.B, case.qlen, case.H, api.sm_count,
+                                    block_h=cfg.get("BLOCK_H"),
+                                    min_work_per_split=cfg.get("MIN_SPLIT_LEN"))
+
+
+def table_config(cfg: dict) -> dict:
+    """``cfg`` as a table holds it: completed with its family's defaults, keys in the family's
+    order (then the backend's extra keys), ``family`` written only when not ``triton``."""
+    family = cfg.get("family", "triton")
+    full = {**KERNEL.defaults.get(family, {}), **cfg}
+    keys = [k for k in (*KERNEL.defaults.get(family, {}), *KERNEL.extra_keys) if k in full]
+    keys += sorted(k for k in full if k not in keys and k != "family")
+    out = {k: full[k] for k in keys}
+    if family != "triton":
+        out = {"family": family, **out}
+    return out
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FP8_K_SCALE = 0.25  # the cache holds k / k_scale
+
+
+@dataclasses.dataclass
+class Inputs:
+    q: torch.Tensor  # [B*qlen, H, Lk]
+    kv: list[torch.Tensor]  # rotate copies of [pages, page_size, 1, Lk]
+    req_to_token: torch.Tensor  # [B, pages per request] int32, a random permutation of pages
+    seq_lens: torch.Tensor  # [B] int32
+    k_scale: torch.Tensor | None
+    o: torch.Tensor
+    lse: torch.Tensor
+    workspaces: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    def attn_logits(self, splits: int) -> torch.Tensor | None:
+        if splits == 1:
+            return None
+        ws = self.workspaces.get(splits)
+        if ws is None:
+            rows, heads = self.q.shape[0], self.q.shape[1]
+            ws = torch.empty(rows, heads, splits, LV + 1, dtype=torch.float32, device=self.q.device)
+            self.workspaces[splits] = ws
+        return ws
+
+
+def make_inputs(case: Case, device: str, act_dtype: torch.dtype, rotate: int = 1,
+                seed: int = 0) -> Inputs:
+    """Random q and cache (never zeros), pages of every request drawn by a random permutation;
+    ``rotate`` copies of the cache for an L2-cold timing."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pages_per_req = math.ceil(case.L / case.page_size)
+    num_pages = case.B * pages_per_req
+    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
+    req_to_token = perm.view(case.B, pages_per_req).contiguous()
+    k_scale = None
+    kvs = []
+    for _ in range(rotate):
+        kv = torch.randn(num_pages, case.page_size, 1, LK, generator=gen, device=device,
+                         dtype=act_dtype)
+        if case.fp8:
+            kv = kv.to(torch.float8_e4m3fn)  # N(0,1) / k_scale in e4m3's range
+        kvs.append(kv)
+    if case.fp8:
+        k_scale = torch.tensor(FP8_K_SCALE, dtype=torch.float32, device=device)
+    rows = case.B * case.qlen
+    q = 0.5 * torch.randn(rows, case.H, LK, generator=gen, device=device, dtype=act_dtype)
+    seq_lens = torch.full((case.B,), case.L, dtype=torch.int32, device=device)
+    o = torch.empty(rows, case.H, LV, dtype=act_dtype, device=device)
+    lse = torch.empty(rows, case.H, dtype=torch.float32, device=device)
+    return Inputs(q, kvs, req_to_token, seq_lens, k_scale, o, lse)
+
+
+def make_baseline_inputs(case: Case, inp: Inputs) -> Inputs:
+    """The verify batch as B*qlen requests of one row: same q rows, same cache, the block table
+    repeated per token, lengths ``L - qlen + 1 + t``."""
+    dev = inp.q.device
+    lens = baseline_seq_lens(case.L, case.qlen, case.B)
+    return Inputs(
+        q=inp.q,
+        kv=inp.kv,
+        req_to_token=inp.req_to_token.repeat_interleave(case.qlen, dim=0).contiguous(),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+        k_scale=inp.k_scale,
+        o=torch.empty_like(inp.o),
+        lse=torch.empty_like(inp.lse),
+    )
+
+
+def make_call(api: Api, inp: Inputs, qlen: int, splits: int, sm_scale: float, page_size: int,
+              overrides: dict | None, kv_index: int | None = None) -> Callable[[], None]:
+    """``fn()`` running the kernel once per cache copy (or on copy ``kv_index`` only)."""
+    kw = {"config": dict(overrides)} if overrides else {}
+    logits = inp.attn_logits(splits)
+    kvs = inp.kv if kv_index is None else [inp.kv[kv_index]]
+
+    def call(kv):
+        api.decode_attention_fwd_verify(inp.q, kv, kv[..., :LV], inp.o, inp.lse, inp.req_to_token,
+                                        inp.seq_lens, None, qlen, logits, splits, sm_scale,
+                                        page_size, inp.k_scale, **kw)
+
+    return harness.rotating(call, kvs)
+
+
+def reference(api: Api, inp: Inputs, case: Case, sm_scale: float) -> tuple:
+    return api.decode_verify_ref(inp.q, inp.kv[0], LV, inp.req_to_token, inp.seq_lens, None,
+                                 case.qlen, sm_scale, case.page_size, inp.k_scale)
+
+
+# --- correctness --------------------------------------------------------------------------------
+
+CHECK_RTOL = {"bf16": 2e-2, "fp16": 1e-2}
+CHECK_LSE_ATOL = 2e-2
+
+
+def compare(o: torch.Tensor, lse: torch.Tensor, ref_o: torch.Tensor, ref_lse: torch.Tensor) -> dict:
+    """Max error of o relative to max|ref o| and max absolute lse error; NaN anywhere is
+    reported as an infinite error."""
+    o32, ref32 = o.float(), ref_o.float()
+    nan = bool(torch.isnan(o32).any() or torch.isnan(lse).any())
+    denom = max(float(ref32.abs().max()), 1e-6)
+    err_o = float((o32 - ref32).abs().max()) / denom
+    finite = torch.isfinite(ref_lse)
+    same_inf = bool(torch.equal(torch.isfinite(lse), finite))
+    err_lse = float((lse[finite] - ref_lse[finite]).abs().max()) if finite.any() else 0.0
+    if nan or not same_inf or math.isnan(err_o) or math.isnan(err_lse):
+        err_o = err_lse = float("inf")
+    return {"err_o_rel": err_o, "err_lse_abs": err_lse, "nan": nan}
+
+
+def judge(res: dict, rtol: float) -> dict:
+    res["ok"] = res["err_o_rel"] <= rtol and res["err_lse_abs"] <= CHECK_LSE_ATOL
+    return res
+
+
+def check_call(fn: Callable[[], None], inp: Inputs, ref: tuple, rtol: float) -> dict:
+    inp.o.fill_(float("nan"))
+    inp.lse.fill_(float("nan"))
+    fn()
+    if inp.q.is_cuda:
+        torch.cuda.synchronize()
+    return judge(compare(inp.o, inp.lse, *ref), rtol)
+
+
+# --- the compile pool's job ---------------------------------------------------------------------
+
+
+def compile_spec(case: Case, act: str, splits: int, overrides: dict | None,
+                 device: str = "cuda") -> dict:
+    """Picklable description of one launch variant (what triton specializes on)."""
+    return {"H": case.H, "qlen": case.qlen, "L": case.L, "fp8": case.fp8,
+            "page_size": case.page_size, "act": act, "splits": splits,
+            "config": dict(overrides or {}), "device": device}
+
+
+def compile_key(spec: dict) -> tuple:
+    pages = math.ceil(spec["L"] / spec["page_size"])
+    return (spec["H"], spec["qlen"], spec["fp8"], spec["page_size"], pages % 16 == 0, spec["act"],
+            spec["splits"] == 1, tuple(sorted(spec["config"].items())))
+
+
+def specs_by_key(specs: list[dict]) -> dict[tuple, dict]:
+    out: dict[tuple, dict] = {}
+    for s in specs:
+        out.setdefault(compile_key(s), s)
+    return out
+
+
+def compile_job(spec: dict) -> None:
+    """One launch variant on scratch tensors (one request, page 0 everywhere): batch and the
+    split count are not specialized on."""
+    api = load_api()
+    dev = spec["device"]
+    act = DTYPES[spec["act"]]
+    H, qlen, page = spec["H"], spec["qlen"], spec["page_size"]
+    pages = math.ceil(spec["L"] / page)
+    kv = torch.zeros(1, page, 1, LK, device=dev, dtype=act)
+    if spec["fp8"]:
+        kv = kv.to(torch.float8_e4m3fn)
+    k_scale = torch.ones((), dtype=torch.float32, device=dev) if spec["fp8"] else None
+    q = torch.zeros(qlen, H, LK, device=dev, dtype=act)
+    o = torch.empty(qlen, H, LV, device=dev, dtype=act)
+    lse = torch.empty(qlen, H, device=dev, dtype=torch.float32)
+    rtt = torch.zeros(1, pages, dtype=torch.int32, device=dev)
+    seq = torch.full((1,), min(spec["L"], 4 * page), dtype=torch.int32, device=dev)
+    s = spec["splits"]
+    ws = None if s == 1 else torch.empty(qlen, H, s, LV + 1, device=dev, dtype=torch.float32)
+    kw = {"config": spec["config"]} if spec["config"] else {}
+    api.decode_attention_fwd_verify(q, kv, kv[..., :LV], o, lse, rtt, seq, None, qlen, ws, s,
+                                    DEFAULT_SM_SCALE, page, k_scale, **kw)
+
+
+# --- FlashMLA beside ours (never a dependency) ---------------------------------------------------
+
+
+def load_flashmla():
+    """The ``flash_mla`` module if this Python can import it, else None (silently)."""
+    try:
+        import flash_mla
+    except Exception:  # noqa: BLE001 - absent, or built for another torch: no column
+        return None
+    return flash_mla
+
+
+def flashmla_applies(case: Case, dtype: str, device: str) -> bool:
+    """FlashMLA's dense decode: bf16 q and cache, page 64, Lk 576 / Lv 512, on a GPU."""
+    return device == "cuda" and dtype == "bf16" and not case.fp8 and case.page_size == 64
+
+
+def flashmla_call(fm, inp: Inputs, case: Case, sm_scale: float):
+    """``(fn, first)``: ``fn()`` runs FlashMLA once per cache copy, as :func:`make_call`;
+    ``first()`` runs it on copy 0 and returns ``(o, lse)`` in our layouts. Causal with ``s_q =
+    qlen`` is the verify rule (row t sees keys ``[0, L - qlen + 1 + t)``)."""
+    q4 = inp.q.view(case.B, case.qlen, case.H, LK)
+    # (scheduling metadata, None) on current FlashMLA (planned on the first call); the
+    # (tile metadata, split counts) tensors of older versions, which take these arguments.
+    meta, num_splits = fm.get_mla_metadata(inp.seq_lens, case.qlen * case.H, 1)
+
+    def call(kv):
+        return fm.flash_mla_with_kvcache(q4, kv, inp.req_to_token, inp.seq_lens, LV, meta,
+                                         num_splits, softmax_scale=sm_scale, causal=True)
+
+    def first():
+        o, lse = call(inp.kv[0])  # [B, qlen, H, Lv], [B, H, qlen]
+        rows = case.B * case.qlen
+        return o.reshape(rows, case.H, LV), lse.transpose(1, 2).reshape(rows, case.H)
+
+    return harness.rotating(call, inp.kv), first
+
+
+# --- one case of the benchmark -------------------------------------------------------------------
+
+
+def run_case(api: Api, case: Case, args: argparse.Namespace, device: str, ceilings: dict,
+             l2: int | None, flashmla=None) -> dict:
+    """Check (``--check``) and time one case, its qlen=1 feed and FlashMLA (when given and
+    applicable): the benchmark's row. Exits 1 when our kernel disagrees with the reference."""
+    act = DTYPES[args.dtype]
+    act_bytes = torch.empty((), dtype=act).element_size()
+    overrides = launch_overrides(args)
+    cfg = effective_config(api, case, overrides)
+    splits = args.splits or default_splits(api, case, cfg)
+    inp = make_inputs(case, device, act, rotate=args.rotate, seed=args.seed)
+    rtol = CHECK_RTOL[args.dtype]
+    timing = dict(max_replays=args.replays, calls_per_fn=args.rotate,
+                  prequeue=not args.no_prequeue)
+
+    row: dict[str, Any] = {"shape": case.name, "H": case.H, "qlen": case.qlen, "B": case.B,
+                           "L": case.L, "page_size": case.page_size,
+                           "cache": "fp8" if case.fp8 else args.dtype,
+                           "dtype": args.dtype, "Lk": LK, "Lv": LV, "sm_scale": args.sm_scale,
+                           "rows": case.B * case.qlen * case.H, "config": cfg,
+                           "overrides": overrides, "num_kv_splits": splits,
+                           "rotate": args.rotate}
+
+    binp = None
+    if not args.no_baseline:
+        bcase = baseline_case(case)
+        bover = family_only(overrides)
+        bcfg = effective_config(api, bcase, bover)
+        bsplits = default_splits(api, bcase, bcfg)
+        binp = make_baseline_inputs(case, inp)
+    fm_ok = flashmla is not None and flashmla_applies(case, args.dtype, device)
+    if fm_ok:
+        fm_fn, fm_first = flashmla_call(flashmla, inp, case, args.sm_scale)
+
+    if args.check:
+        ref = reference(api, inp, case, args.sm_scale)
+        ok = _check(row, "check", case.label,
+                    make_call(api, inp, case.qlen, splits, args.sm_scale, case.page_size,
+                              overrides, 0), inp, ref, rtol)
+        if binp is not None:
+            ok &= _check(row, "baseline_check", f"{case.label} qlen=1 feed",
+                         make_call(api, binp, 1, bsplits, args.sm_scale, case.page_size, bover,
+                                   0), binp, ref, rtol)
+        if fm_ok:
+            fm_ok = _check_flashmla(row, case, fm_first, ref, rtol)
+        del ref
+        if not ok:
+            print(f"FAIL: {case.label} disagrees with decode_verify_ref (tolerance: o {rtol:g} "
+                  f"relative, lse {CHECK_LSE_ATOL:g} absolute)", file=sys.stderr)
+            sys.exit(1)
+
+    fn = make_call(api, inp, case.qlen, splits, args.sm_scale, case.page_size, overrides)
+    t_us, replays = harness.time_call(fn, device, **timing)
+
+    nbytes, nflops = unique_bytes(case, act_bytes), flops(case)
+    roof_us, bound = roofline(nbytes, nflops, ceilings["copy_TBps"], ceilings["bf16_mm_TFLOPs"])
+    kvb = kv_bytes(case)
+    row.update(
+        time_us=t_us, replays=replays, prequeued=not args.no_prequeue, unique_bytes=nbytes,
+        kv_bytes=kvb, flops=nflops,
+        TBps=nbytes / (t_us * 1e-6) / 1e12, TFLOPs=nflops / (t_us * 1e-6) / 1e12,
+        roofline_us=roof_us, roofline_bound=bound, roofline_frac=roof_us / t_us,
+        roofline_us_anchor_ceilings=roofline(nbytes, nflops, ANCHOR_CEILINGS["copy_TBps"],
+                                             ANCHOR_CEILINGS["bf16_mm_TFLOPs"])[0],
+        l2_bytes=l2, kv_fits_l2=(None if l2 is None else kvb * args.rotate <= l2),
+    )
+    if case.name:
+        named = SHAPES[case.name]
+        row.update(
+            vllm_anchor_us=named.vllm_us, anchors_roofline_us=named.roofline_us,
+            target=dataclasses.asdict(named.target), target_desc=named.target.describe(),
+            passed=named.target.met(t_us, row["roofline_frac"], row["TFLOPs"]),
+        )
+    if binp is not None:
+        fnb = make_call(api, binp, 1, bsplits, args.sm_scale, case.page_size, bover)
+        b_us, b_rep = harness.time_call(fnb, device, **timing)
+        row.update(baseline_us=b_us, baseline_replays=b_rep, baseline_num_kv_splits=bsplits,
+                   baseline_config=bcfg, baseline_roofline_frac=roof_us / b_us,
+                   speedup=b_us / t_us)
+    if fm_ok:
+        try:
+            f_us, f_rep = harness.time_call(fm_fn, device, **timing)
+            row.update(flashmla_us=f_us, flashmla_replays=f_rep, vs_flashmla=f_us / t_us)
+        except Exception as e:  # noqa: BLE001 - their kernel refusing a shape is a note
+            row["flashmla_error"] = compile_pool.short_error(e)
+    del inp, binp
+    return row
+
+
+def _check(row: dict, field: str, label: str, fn, inp: Inputs, ref: tuple, rtol: float) -> bool:
+    res = check_call(fn, inp, ref, rtol)
+    row[field] = res
+    print(f"  check {label}: o rel err {res['err_o_rel']:.2e}, lse abs err "
+          f"{res['err_lse_abs']:.2e} -> {'ok' if res['ok'] else 'FAIL'}")
+    return res["ok"]
+
+
+def _check_flashmla(row: dict, case: Case, first, ref: tuple, rtol: float) -> bool:
+    """FlashMLA against the same reference: a wrong or failing FlashMLA gets no time."""
+    try:
+        res = judge(compare(*first(), *ref), rtol)
+    except Exception as e:  # noqa: BLE001
+        row["flashmla_error"] = compile_pool.short_error(e)
+        return False
+    row["flashmla_check"] = res
+    print(f"  check {case.label} FlashMLA: o rel err {res['err_o_rel']:.2e}, lse abs err "
+          f"{res['err_lse_abs']:.2e} -> {'ok' if res['ok'] else 'FAIL (not timed)'}")
+    return res["ok"]
+
+
+def case_line(case: Case, row: dict, seconds: float) -> str:
+    base = (f", qlen=1 feed {row['baseline_us']:.1f} us ({row['speedup']:.2f}x)"
+            if "baseline_us" in row else "")
+    fm = (f", FlashMLA {row['flashmla_us']:.1f} us ({row['vs_flashmla']:.2f}x)"
+          if "flashmla_us" in row else "")
+    return (f"  {case.label}: {row['time_us']:.1f} us, {row['roofline_frac']:.0%} of roofline "
+            f"{row['roofline_us']:.1f} us ({row['roofline_bound']}), {row['TBps']:.2f} TB/s, "
+            f"{row['TFLOPs']:.0f} TFLOP/s{base}{fm}  [{seconds:.1f} s]")
+
+
+TABLE_COLUMNS = ["shape", "H", "qlen", "B", "L", "cache", "splits", "time_us", "roof_us",
+                 "roof_frac", "TB/s", "TFLOP/s", "base_us", "speedup", "target", "pass"]
+
+
+def table(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """The printed table's rows and columns (FlashMLA's two only when some row has them)."""
+    out = []
+    for r in rows:
+        out.append({
+            "shape": r["shape"] or "-", "H": r["H"], "qlen": r["qlen"], "B": r["B"], "L": r["L"],
+            "cache": r["cache"] + ("*L2" if r.get("kv_fits_l2") else ""),
+            "splits": r["num_kv_splits"], "time_us": r["time_us"], "roof_us": r["roofline_us"],
+            "roof_frac": r["roofline_frac"], "TB/s": r["TBps"], "TFLOP/s": r["TFLOPs"],
+            "base_us": r.get("baseline_us", ""), "speedup": r.get("speedup", ""),
+            "flashmla_us": r.get("flashmla_us", ""), "vs_flashmla": r.get("vs_flashmla", ""),
+            "target": r.get("target_desc", ""),
+            "pass": {True: "PASS", False: "fail"}.get(r.get("passed"), ""),
+        })
+    columns = list(TABLE_COLUMNS)
+    if any("flashmla_us" in r for r in rows):
+        columns[columns.index("target"):columns.index("target")] = ["flashmla_us", "vs_flashmla"]
+    return out, columns
