@@ -15,6 +15,8 @@ q/k/v as strided views of the fused QKV projection, no copies) and once with ``a
 ``do_bench`` over whole-tower forwards from patch embedding to the last layer.
 
     PYTHONPATH=. python3 benchmarks/vit_towers_e2e.py --images 1,4 --json towers.json
+
+``--interpret`` runs two tiny layers (fp32, eager) on the CPU through the Triton interpreter.
 """
 
 from __future__ import annotations
@@ -24,20 +26,24 @@ import json
 import os
 import sys
 import time
+from typing import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import cli  # noqa: E402  (first: --interpret must precede triton's import)
+from benchmarks import harness, results  # noqa: E402
+from benchmarks.shapes import (  # noqa: E402
+    INTERPRET_IMAGE,
+    INTERPRET_TOWER,
+    TOWER_IMAGE,
+    TOWER_PATCH,
+    TOWERS,
+)
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._common import env_info, print_table, time_do_bench, write_json  # noqa: E402
-
-TOWERS = {
-    "siglip": dict(layers=27, width=1152, heads=16, mlp=4304, swiglu=False, rms=False),
-    "qwen2.5-vl": dict(layers=32, width=1280, heads=16, mlp=3420, swiglu=True, rms=True),
-}
-IMAGE, PATCH = 896, 14
+PROG = "vit_towers_e2e.py"
 
 
 class Attention(nn.Module):
@@ -90,7 +96,7 @@ class Block(nn.Module):
 class Tower(nn.Module):
     def __init__(self, layers, width, heads, mlp, swiglu, rms, attn):
         super().__init__()
-        self.patch = nn.Conv2d(3, width, PATCH, stride=PATCH)
+        self.patch = nn.Conv2d(3, width, TOWER_PATCH, stride=TOWER_PATCH)
         self.blocks = nn.ModuleList(Block(width, heads, mlp, swiglu, rms, attn) for _ in range(layers))
 
     def forward(self, images, b_start, b_len):
@@ -100,19 +106,23 @@ class Tower(nn.Module):
         return x
 
 
-def run_tower(name, images, attn_impls, compile_layers=True, rep_ms=300):
-    cfg = TOWERS[name]
+def run_tower(name, images, attn_impls, compile_layers=True, rep_ms=300, device="cuda"):
+    """One tower at one image batch, each attention in turn: the row."""
+    interpret = device != "cuda"
+    cfg = INTERPRET_TOWER if interpret else TOWERS[name]
+    image = INTERPRET_IMAGE if interpret else TOWER_IMAGE
+    dtype = torch.float32 if interpret else torch.bfloat16  # the interpreter is wrong for bf16
     torch.manual_seed(0)
-    ref_tower = Tower(attn="sdpa", **cfg).to("cuda", torch.bfloat16).eval()
+    ref_tower = Tower(attn="sdpa", **cfg).to(device, dtype).eval()
     state = ref_tower.state_dict()
-    seq = (IMAGE // PATCH) ** 2
-    x = torch.randn(images, 3, IMAGE, IMAGE, device="cuda", dtype=torch.bfloat16)
-    b_start = torch.arange(images, dtype=torch.int32, device="cuda") * seq
-    b_len = torch.full((images,), seq, dtype=torch.int32, device="cuda")
+    seq = (image // TOWER_PATCH) ** 2
+    x = torch.randn(images, 3, image, image, device=device, dtype=dtype)
+    b_start = torch.arange(images, dtype=torch.int32, device=device) * seq
+    b_len = torch.full((images,), seq, dtype=torch.int32, device=device)
     row = {"tower": name, "images": images, "tokens_per_image": seq, **cfg}
     outs = {}
     for attn in attn_impls:
-        tower = Tower(attn=attn, **cfg).to("cuda", torch.bfloat16).eval()
+        tower = Tower(attn=attn, **cfg).to(device, dtype).eval()
         tower.load_state_dict(state)
         if compile_layers:
             for blk in tower.blocks:
@@ -120,13 +130,16 @@ def run_tower(name, images, attn_impls, compile_layers=True, rep_ms=300):
         t0 = time.time()
         with torch.inference_mode():
             outs[attn] = tower(x, b_start, b_len).float()
-            torch.cuda.synchronize()
+            if device == "cuda":
+                torch.cuda.synchronize()
             row[f"{attn}_first_call_s"] = time.time() - t0
-            ms = time_do_bench(lambda: tower(x, b_start, b_len), warmup_ms=50, rep_ms=rep_ms)
+            ms = harness.time_ms(lambda: tower(x, b_start, b_len), device, warmup_ms=50,
+                                 rep_ms=rep_ms)
         row[f"{attn}_ms"] = ms
         row[f"{attn}_ms_per_image"] = ms / images
         del tower
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     if "mla" in outs and "sdpa" in outs:
         row["speedup"] = row["sdpa_ms"] / row["mla_ms"]
         a, b = outs["mla"], outs["sdpa"]
@@ -134,15 +147,21 @@ def run_tower(name, images, attn_impls, compile_layers=True, rep_ms=300):
     return row
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--towers", default="siglip,qwen2.5-vl")
     p.add_argument("--images", default="1,4", help="image batch sizes, comma-separated")
     p.add_argument("--attn", default="mla,sdpa")
     p.add_argument("--eager", action="store_true", help="skip torch.compile")
     p.add_argument("--rep-ms", type=int, default=300)
-    p.add_argument("--json", default=None)
+    cli.add_common(p)
     args = p.parse_args(argv)
+    towers = cli.split_names(p, [args.towers], list(TOWERS), "--towers")
+    device = cli.pick_device(args.interpret, PROG)
+    if device is None:
+        return 2
 
     import mla_ops  # noqa: F401  (registers torch.ops.mla)
 
@@ -150,19 +169,22 @@ def main(argv=None):
     for knob in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 64)
-
+    env = results.env_info()
+    command = results.command_line(PROG, argv)
+    cli.banner("ViT towers", env, " (tiny towers, eager, fp32)" if args.interpret else "")
     rows = []
-    for name in args.towers.split(","):
+    for name in towers:
         for n in (int(i) for i in args.images.split(",")):
-            row = run_tower(name, n, args.attn.split(","), not args.eager, args.rep_ms)
+            row = run_tower(name, n, args.attn.split(","),
+                            not (args.eager or args.interpret), args.rep_ms, device)
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.json:  # after every row: a run cut short still leaves what it measured
-                write_json(args.json, rows)
-    print_table(rows, ["tower", "images", "mla_ms", "sdpa_ms", "speedup", "mla_ms_per_image",
-                       "sdpa_ms_per_image", "rel_err"])
-    print(json.dumps({"env": env_info()}))
+                results.write_json(args.json, rows, command=command, env=env)
+    cli.finish(rows, ["tower", "images", "mla_ms", "sdpa_ms", "speedup", "mla_ms_per_image",
+                      "sdpa_ms_per_image", "rel_err"], None, command=command, env=env)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
