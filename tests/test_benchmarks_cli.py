@@ -1,7 +1,8 @@
-"""The decode-verify benchmark and sweep scripts, on the CPU: their shape tables and roofline
-formulas against ANCHORS.md, argument parsing, the sweep's planning and the table it writes
-(read back through configs.py's own selection). The kernel itself is not run here: a fake one
-(the plain-PyTorch reference) stands in where a script's whole path is exercised."""
+"""The benchmark package on the CPU: the named shapes and roofline formulas, the timing and
+results helpers, each script's command line (``--interpret`` runs through the Triton
+interpreter), the compile pool's protocol, the decode sweep's planning and the tables both
+sweeps write through ``mla_ops.tuning``, and FlashMLA's column with a stand-in module. A fake
+kernel (the plain-PyTorch reference) stands in where a whole path is exercised many times."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -18,10 +20,29 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import benchmark_decode_verify as bench  # noqa: E402
-from benchmarks import sweep_decode_verify as sweep  # noqa: E402
+from builders import decode_case, encoder_case  # noqa: E402
 
-# ANCHORS.md, "Decode verify": shape -> (H, qlen, B, L, fp8, roofline µs)
+from benchmarks import (  # noqa: E402
+    ab_decode_verify,
+    benchmark_decode_verify,
+    benchmark_vit_prefill_attn,
+    cli,
+    compile_pool,
+    decode,
+    harness,
+    prefill,
+    results,
+    shapes,
+    sweep_decode_verify,
+    vit_towers_e2e,
+)
+from benchmarks import decode_sweep as ds  # noqa: E402
+from mla_ops import platform, tuning  # noqa: E402
+from mla_ops.decode_verify.configs import VERIFY_DEFAULT_CONFIG, select_verify_config  # noqa: E402
+from mla_ops.decode_verify.launch import verify_num_kv_splits  # noqa: E402
+from mla_ops.reference import decode_verify_ref  # noqa: E402
+
+# The anchors' decode table (H200, 2026-11-30): shape -> (H, qlen, B, L, fp8, roofline µs)
 ANCHORS = {
     "M1": (16, 2, 1, 8192, False, 2.2),
     "M2": (16, 2, 32, 4096, False, 35.9),
@@ -31,90 +52,155 @@ ANCHORS = {
     "M6": (128, 4, 32, 4096, False, 215.0),
     "M7": (128, 2, 16, 32768, True, 430.4),
 }
+bench = benchmark_decode_verify
 
 
 # --- shapes and formulas ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", list(ANCHORS))
-def test_shape_table_is_anchors(name):
-    H, qlen, B, L, fp8, _ = ANCHORS[name]
-    c = bench.SHAPES[name].case
+def test_named_shapes_and_their_roofline_column(name):
+    H, qlen, B, L, fp8, roof_us = ANCHORS[name]
+    s = shapes.SHAPES[name]
+    c = s.case
     assert (c.H, c.qlen, c.B, c.L, c.fp8, c.page_size, c.name) == (H, qlen, B, L, fp8, 64, name)
-
-
-@pytest.mark.parametrize("name", list(ANCHORS))
-def test_roofline_matches_anchors_column(name):
-    *_, expected_us = ANCHORS[name]
-    c = bench.SHAPES[name].case
-    us, _ = bench.roofline(bench.unique_bytes(c), bench.flops(c), 4.27, 678.5)
-    assert us == pytest.approx(expected_us, rel=0.02)
-    assert bench.SHAPES[name].roofline_us == pytest.approx(expected_us, rel=1e-3)
+    us, _ = shapes.roofline(shapes.unique_bytes(c), shapes.flops(c), 4.27, 678.5)
+    assert us == pytest.approx(roof_us, rel=0.02)
+    assert s.roofline_us == pytest.approx(roof_us, rel=1e-3)
 
 
 def test_m1_bytes_and_flops_by_hand():
-    c = bench.SHAPES["M1"].case
+    c = shapes.SHAPES["M1"].case
     rows = 1 * 2 * 16
-    assert bench.kv_bytes(c) == 8192 * 576 * 2 == 9_437_184
-    assert bench.unique_bytes(c) == 9_437_184 + rows * (576 * 2 + 512 * 2 + 4)
-    assert bench.flops(c) == 2 * 16 * (576 + 512) * (8191 + 8192)
-    _, bound = bench.roofline(bench.unique_bytes(c), bench.flops(c), 4.27, 678.5)
-    assert bound == "memory"
+    assert shapes.kv_bytes(c) == 8192 * 576 * 2 == 9_437_184
+    assert shapes.unique_bytes(c) == 9_437_184 + rows * (576 * 2 + 512 * 2 + 4)
+    assert shapes.flops(c) == 2 * 16 * (576 + 512) * (8191 + 8192)
+    assert shapes.roofline(shapes.unique_bytes(c), shapes.flops(c), 4.27, 678.5)[1] == "memory"
+    for name in ("M5", "M6", "M7"):
+        c = shapes.SHAPES[name].case
+        assert shapes.roofline(shapes.unique_bytes(c), shapes.flops(c), 4.27, 678.5)[1] == "compute"
 
 
 def test_fp8_cache_halves_the_kv_bytes_only():
-    bf = bench.Case(16, 2, 16, 32768, False)
-    f8 = bench.Case(16, 2, 16, 32768, True)
-    assert bench.kv_bytes(bf) == 2 * bench.kv_bytes(f8)
-    q_o_lse = bench.unique_bytes(bf) - bench.kv_bytes(bf)
-    assert bench.unique_bytes(f8) - bench.kv_bytes(f8) == q_o_lse
-    assert bench.flops(bf) == bench.flops(f8)
-
-
-def test_h128_shapes_are_compute_bound():
-    for name in ("M5", "M6", "M7"):
-        c = bench.SHAPES[name].case
-        assert bench.roofline(bench.unique_bytes(c), bench.flops(c), 4.27, 678.5)[1] == "compute"
+    bf = shapes.Case(16, 2, 16, 32768, False)
+    f8 = shapes.Case(16, 2, 16, 32768, True)
+    assert shapes.kv_bytes(bf) == 2 * shapes.kv_bytes(f8)
+    assert (shapes.unique_bytes(f8) - shapes.kv_bytes(f8)
+            == shapes.unique_bytes(bf) - shapes.kv_bytes(bf))
+    assert shapes.flops(bf) == shapes.flops(f8)
 
 
 def test_row_limits_and_the_per_token_feed():
-    assert bench.row_limits(10, 3) == [8, 9, 10]
-    assert bench.row_limits(10, 3, L_real=8) == [8, 8, 8]
-    assert bench.row_limits(2, 4) == [0, 0, 1, 2]
-    assert bench.sum_row_limits(5, 10, 3) == 5 * 27
-    assert bench.baseline_seq_lens(10, 3, 2) == [8, 9, 10, 8, 9, 10]
-    b = bench.baseline_case(bench.SHAPES["M3"].case)
+    assert shapes.row_limits(10, 3) == [8, 9, 10]
+    assert shapes.row_limits(10, 3, L_real=8) == [8, 8, 8]
+    assert shapes.row_limits(2, 4) == [0, 0, 1, 2]
+    assert shapes.sum_row_limits(5, 10, 3) == 5 * 27
+    assert shapes.baseline_seq_lens(10, 3, 2) == [8, 9, 10, 8, 9, 10]
+    b = shapes.baseline_case(shapes.SHAPES["M3"].case)
     assert (b.H, b.qlen, b.B, b.L, b.name) == (16, 1, 512, 4096, None)
+    assert shapes.SHAPES["M1"].case.key == "H16-q2-B1-L8192-bf16-p64"
 
 
 def test_targets():
-    t = bench.SHAPES["M1"].target
+    t = shapes.SHAPES["M1"].target
     assert t.met(9.9, 0.1, 1.0) and not t.met(10.1, 1.0, 1000.0)
-    t = bench.SHAPES["M2"].target
+    t = shapes.SHAPES["M2"].target
     assert t.met(1e6, 0.85, 0.0) and not t.met(1.0, 0.84, 1000.0)
-    t = bench.SHAPES["M4"].target
-    assert t.kind == "roofline_frac" and t.value == 0.80
-    t = bench.SHAPES["M7"].target
+    t = shapes.SHAPES["M7"].target
     assert t.met(1e6, 0.0, 400.0) and not t.met(1.0, 1.0, 399.0)
+    assert [shapes.SHAPES[n].target.describe() for n in ("M1", "M4", "M5")] == \
+        ["<=10us", ">=80%", ">=400TF"]
 
 
-# --- benchmark arguments ------------------------------------------------------------------------
+def test_prefill_shapes_and_flops():
+    assert shapes.PREFILL_SHAPES["P2"] == (1, 3520, 16, 72)
+    assert shapes.PREFILL_SHAPES["P8"] == (4, 4096, 16, 80)
+    assert shapes.prefill_tflops(1, 1000, 2, 64, False, 1.0) == pytest.approx(
+        4 * 1000**2 * 2 * 64 / 1e-3 / 1e12)
+    assert shapes.prefill_tflops(1, 1000, 2, 64, True, 1.0) == pytest.approx(
+        shapes.prefill_tflops(1, 1000, 2, 64, False, 2.0))
 
 
-def test_default_runs_every_named_shape():
-    cases = bench.resolve_cases(bench.parse_args([]))
-    assert [c.name for c in cases] == list(ANCHORS)
+# --- harness, results, cli ----------------------------------------------------------------------
+
+
+def test_rotation_calls_each_copy_and_time_call_counts_per_call(monkeypatch):
+    seen = []
+    fn = harness.rotating(seen.append, ["a", "b", "c"])
+    fn()
+    assert seen == ["a", "b", "c"]
+    monkeypatch.setattr(harness, "time_wall_us", lambda f: 1200.0)
+    assert harness.time_call(fn, "cpu", calls_per_fn=3) == (400.0, 1)
+    assert harness.time_ms(fn, "cpu") == pytest.approx(1.2)
+    nominal = shapes.ANCHOR_CEILINGS
+    assert harness.ceilings("cpu", True, nominal) == nominal
+    # graph replays: prequeued by default, as many as fit in the target time, 20 to the cap
+    assert harness.replay_plan(100.0, 200, 60.0, True) == (200, harness.PREQUEUE_CYCLES)
+    assert harness.replay_plan(1000.0, 200, 60.0, False) == (60, 0)
+    assert harness.replay_plan(1e5, 200, 60.0, True)[0] == 20
+    assert harness.l2_bytes("cpu") is None
+
+
+def test_json_carries_env_command_and_commit(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLA_OPS_COMMIT", raising=False)
+    commit = results.git_commit()
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    if head:
+        assert commit.split("+")[0] == head
+    monkeypatch.setenv("MLA_OPS_COMMIT", "abc1234")
+    path = tmp_path / "sub" / "r.json"
+    results.write_json(path, [{"x": 1.5}], {"copy_TBps": 4.0},
+                       command=results.command_line("x.py", ["--shape", "M1 M2"]))
+    doc = json.loads(path.read_text())
+    assert doc["env"]["commit"] == "abc1234" and doc["env"]["torch"] == torch.__version__
+    assert doc["command"] == "python benchmarks/x.py --shape 'M1 M2'"
+    assert doc["ceilings"] == {"copy_TBps": 4.0} and doc["rows"] == [{"x": 1.5}]
+    monkeypatch.delenv("MLA_OPS_COMMIT")
+    monkeypatch.setattr(results, "ROOT", tmp_path)  # not a checkout
+    assert results.git_commit() is None
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "f").write_text("1")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "f"], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    monkeypatch.setattr(results, "ROOT", repo)
+    head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert results.git_commit() == head
+    (repo / "f").write_text("2")
+    assert results.git_commit() == head + "+dirty"
+
+
+def test_print_table(capsys):
+    results.print_table([{"a": 1.23456, "b": None}, {"a": 12345.6, "b": "x"}], ["a", "b"])
+    assert capsys.readouterr().out.splitlines() == ["    a  b", " 1.23   ", "12346  x"]
+
+
+def test_split_names():
+    p = cli.argparse.ArgumentParser()
+    known = ["M1", "M2", "M3"]
+    assert cli.split_names(p, ["M2", "M1,M3"], known) == ["M2", "M1", "M3"]
+    assert cli.split_names(p, ["all"], known) == known
+    assert cli.split_names(p, None, known) is None
+    with pytest.raises(SystemExit):
+        cli.split_names(p, ["M4"], known)
+
+
+# --- the decode benchmark's command line ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("argv, names", [
+    ([], list(ANCHORS)),
     (["--shape", "M3"], ["M3"]),
     (["--shape", "all"], list(ANCHORS)),
     (["--shape", "M1,M4"], ["M1", "M4"]),
     (["--shape", "M7", "M2"], ["M7", "M2"]),
-], ids=["one", "all", "comma", "spaces"])
+], ids=["default", "one", "all", "comma", "spaces"])
 def test_shape_names(argv, names):
-    cases = bench.resolve_cases(bench.parse_args(argv))
-    assert [c.name for c in cases] == names
+    assert [c.name for c in bench.resolve_cases(bench.parse_args(argv))] == names
 
 
 @pytest.mark.parametrize("argv", [
@@ -123,8 +209,11 @@ def test_shape_names(argv, names):
     ["--shape", "M2", "--fp8"],
     ["--heads", "0"],
     ["--splits", "0"],
+    ["--rotate", "0"],
     ["--interpret", "--shape", "M1"],
-], ids=["unknown", "shape-and-grid", "shape-fp8", "zero-heads", "zero-splits", "interpret-named"])
+    ["--family", "cuda"],
+], ids=["unknown", "shape-and-grid", "shape-fp8", "zero-heads", "zero-splits", "zero-rotate",
+        "interpret-named", "bad-family"])
 def test_bad_arguments_exit(argv, capsys):
     with pytest.raises(SystemExit) as e:
         bench.parse_args(argv)
@@ -138,69 +227,88 @@ def test_grid_flags_make_the_product():
     assert [(c.H, c.qlen) for c in cases] == [(16, 1), (16, 4), (128, 1), (128, 4)]
     assert all(c.B == 8 and c.L == 1000 and c.fp8 and c.page_size == 16 and c.name is None
                for c in cases)
-
-
-def test_page_size_applies_to_named_shapes():
     (c,) = bench.resolve_cases(bench.parse_args(["--shape", "M2", "--page-size", "16"]))
     assert (c.name, c.page_size, c.B) == ("M2", 16, 32)
+    args = bench.parse_args(["--interpret"])
+    assert args.dtype == "fp16" and bench.resolve_cases(args) == [shapes.INTERPRET_CASE]
 
 
 def test_launch_knobs_become_config_overrides():
     args = bench.parse_args(["--shape", "M3", "--block-h", "32", "--block-n", "16",
                              "--num-warps", "4", "--num-stages", "3", "--qsplit", "1",
-                             "--min-split-len", "128", "--splits", "6"])
-    assert bench.launch_overrides(args) == {"BLOCK_H": 32, "BLOCK_N": 16, "num_warps": 4,
-                                            "num_stages": 3, "QSPLIT": 1, "MIN_SPLIT_LEN": 128}
+                             "--min-split-len", "128", "--tma", "0", "--splits", "6"])
+    assert decode.launch_overrides(args) == {"BLOCK_H": 32, "BLOCK_N": 16, "num_warps": 4,
+                                             "num_stages": 3, "QSPLIT": 1, "MIN_SPLIT_LEN": 128,
+                                             "TMA": 0}
     assert args.splits == 6
-    assert bench.launch_overrides(bench.parse_args([])) == {}
-    assert set(bench._KNOB_FLAGS.values()) == set(bench.LAUNCH_KEYS)
+    assert decode.launch_overrides(bench.parse_args([])) == {}
+    over = decode.launch_overrides(bench.parse_args(["--family", "gluon", "--block-n", "16"]))
+    assert over == {"family": "gluon", "BLOCK_N": 16}
+    assert decode.family_only(over) == {"family": "gluon"} and decode.family_only({}) == {}
+    assert {k for k, _ in decode.KNOBS.values()} == set(VERIFY_DEFAULT_CONFIG)
 
 
-def test_interpret_runs_a_tiny_fp16_case():
-    args = bench.parse_args(["--interpret"])
-    (c,) = bench.resolve_cases(args)
-    assert args.dtype == "fp16" and c == bench.INTERPRET_CASE
-    assert c.B * c.L * c.H < 10_000
+# --- configs and split counts through the tuning module ------------------------------------------
 
 
-# --- benchmark inputs and the whole case path, with the reference as the kernel -----------------
+def test_configs_and_splits_are_the_launchers(monkeypatch):
+    api = decode.load_api()
+    api.sm_count = 132
+    m1, m2 = shapes.SHAPES["M1"].case, shapes.SHAPES["M2"].case
+    with platform.mock_platform("sm_90", sm_count=132, interpret=False):
+        cfg = decode.effective_config(api, m2, {"BLOCK_N": 16})
+        assert cfg == {**select_verify_config(32, 2, 16), "BLOCK_N": 16}
+        assert decode.effective_config(api, m2, None) == select_verify_config(32, 2, 16)
+        assert decode.effective_config(api, shapes.SHAPES["M4"].case, None) == \
+            select_verify_config(16, 2, 16, fp8=True)
+        with pytest.raises(ValueError, match="unknown kernel family 'gluon'"):
+            decode.effective_config(api, m2, {"family": "gluon"})
+        with pytest.raises(ValueError, match="SWAP_AB with num_stages 1 is refused"):
+            decode.effective_config(api, m2, {"SWAP_AB": 1, "num_stages": 1})
+        # the split cap of plan_verify: the config's own BLOCK_H and MIN_SPLIT_LEN
+        cfg = decode.effective_config(api, m1, None)
+        assert decode.default_splits(api, m1, cfg) == verify_num_kv_splits(8192, 1, 2, 16) == 64
+        cfg = decode.effective_config(api, m1, {"MIN_SPLIT_LEN": 64})
+        assert decode.default_splits(api, m1, cfg) == 66
+        cfg = decode.effective_config(api, m2, {"BLOCK_H": 16})
+        assert decode.default_splits(api, m2, cfg) == 2 != decode.default_splits(
+            api, m2, decode.effective_config(api, m2, None))
+    # the cache is a fact of the selection: a table may choose by it
+    kernel = tuning.KERNELS["decode_verify"]
+    kernel.builtin["bench-test"] = {"arch": "bench-test", "rules": [
+        {"match": {"cache": "fp8"}, "config": {"BLOCK_N": 16}}, {"config": {}}]}
+    tuning.table.cache_clear()
+    try:
+        with platform.mock_platform("bench-test", interpret=False):
+            assert decode.effective_config(api, shapes.SHAPES["M4"].case, None)["BLOCK_N"] == 16
+            assert decode.effective_config(api, m2, None)["BLOCK_N"] == 32
+    finally:
+        del kernel.builtin["bench-test"]
+        tuning.table.cache_clear()
 
 
-def _fake_api(bad_block_h=None, raise_stages=None):
-    from mla_ops.reference import decode_verify_ref
+def test_table_config_is_complete_ordered_and_names_only_another_family():
+    got = decode.table_config({"family": "triton", "QSPLIT": 1, "BLOCK_H": 16, "kpack": 2})
+    assert list(got) == [*VERIFY_DEFAULT_CONFIG, "kpack"]
+    assert got == {**VERIFY_DEFAULT_CONFIG, "QSPLIT": 1, "BLOCK_H": 16, "kpack": 2}
+    assert decode.table_config({"family": "gluon", "X": 1}) == {"family": "gluon", "X": 1}
 
-    def kernel(q, k, v, o, lse, rtt, seq, real, qlen, logits, splits, sm_scale, page, k_scale=None,
-               *, config=None):
-        cfg = {**_select(0, 0, 0), **(config or {})}
-        if raise_stages is not None and cfg["num_stages"] == raise_stages:
-            raise RuntimeError("out of resource: shared memory, Required: 300000")
-        ro, rl = decode_verify_ref(q, k, v.shape[-1], rtt, seq, real, qlen, sm_scale, page, k_scale)
-        if cfg["BLOCK_H"] == bad_block_h:
-            ro = ro + 1.0
-        o.copy_(ro)
-        lse.copy_(rl)
 
-    def _select(batch, qlen, heads):
-        return {"BLOCK_H": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "QSPLIT": 0,
-                "SPLIT_ALIGN": 64, "MIN_SPLIT_LEN": 256, "S2_BLOCK_S": 8, "s2_num_warps": 4}
-
-    def splits(L, B, qlen, H, sm, block_h=32, **kw):
-        return 2 if block_h == 32 else 3
-
-    return bench.Api(kernel, _select, splits, decode_verify_ref, 132)
+# --- inputs, calls and checks --------------------------------------------------------------------
 
 
 def test_inputs_are_random_and_paged_by_a_permutation():
-    c = bench.Case(4, 3, 3, 70, True, 16)
-    inp = bench.make_inputs(c, "cpu", torch.float16)
+    c = shapes.Case(4, 3, 3, 70, True, 16)
+    inp = decode.make_inputs(c, "cpu", torch.float16, rotate=2)
     pages = math.ceil(70 / 16)
     assert inp.req_to_token.shape == (3, pages) and inp.req_to_token.dtype == torch.int32
     assert sorted(inp.req_to_token.flatten().tolist()) == list(range(3 * pages))
     assert inp.req_to_token.flatten().tolist() != list(range(3 * pages))
+    assert len(inp.kv) == 2 and not torch.equal(inp.kv[0].float(), inp.kv[1].float())
     assert inp.kv[0].dtype == torch.float8_e4m3fn and inp.k_scale is not None
-    assert inp.kv[0].float().abs().min() >= 0 and inp.kv[0].float().abs().max() > 0
-    assert inp.q.abs().max() > 0 and inp.seq_lens.tolist() == [70] * 3
-    b = bench.make_baseline_inputs(c, inp)
+    assert inp.kv[0].float().abs().max() > 0 and inp.q.abs().min() >= 0 and inp.q.abs().max() > 0
+    assert inp.seq_lens.tolist() == [70] * 3
+    b = decode.make_baseline_inputs(c, inp)
     assert b.req_to_token.shape == (9, pages)
     assert torch.equal(b.req_to_token[3:6], inp.req_to_token[1:2].expand(3, -1))
     assert b.seq_lens.tolist() == [68, 69, 70] * 3
@@ -209,325 +317,615 @@ def test_inputs_are_random_and_paged_by_a_permutation():
 
 def test_compare_flags_nan_and_measures_error():
     ref_o, ref_lse = torch.randn(4, 2, 8), torch.randn(4, 2)
-    ok = bench.compare(ref_o + 1e-4, ref_lse, ref_o, ref_lse)
-    assert ok["err_o_rel"] < 1e-3 and ok["err_lse_abs"] == 0 and not ok["nan"]
+    ok = decode.judge(decode.compare(ref_o + 1e-4, ref_lse, ref_o, ref_lse), 1e-3)
+    assert ok["ok"] and ok["err_o_rel"] < 1e-3 and ok["err_lse_abs"] == 0 and not ok["nan"]
     o = ref_o.clone()
     o[1, 1, 3] = float("nan")
-    bad = bench.compare(o, ref_lse, ref_o, ref_lse)
+    bad = decode.compare(o, ref_lse, ref_o, ref_lse)
     assert bad["nan"] and bad["err_o_rel"] == float("inf")
+    lse = ref_lse.clone()
+    lse[0, 0] = float("-inf")  # a row that sees keys reported as empty
+    assert decode.compare(ref_o, lse, ref_o, ref_lse)["err_lse_abs"] == float("inf")
+    assert not decode.judge(decode.compare(ref_o * 1.1, ref_lse, ref_o, ref_lse), 1e-2)["ok"]
+    # check_call poisons the outputs first: a call that writes nothing fails, even after a good one
+    c = shapes.Case(2, 2, 1, 20, False, 16)
+    inp = decode.make_inputs(c, "cpu", torch.float16)
+    ref = decode_verify_ref(inp.q, inp.kv[0], 512, inp.req_to_token, inp.seq_lens, None, 2,
+                            0.1352, 16)
+
+    def good():
+        inp.o.copy_(ref[0])
+        inp.lse.copy_(ref[1])
+
+    assert decode.check_call(good, inp, ref, 1e-2)["ok"]
+    assert not decode.check_call(lambda: None, inp, ref, 1e-2)["ok"]
 
 
-def test_run_case_on_cpu_checks_times_and_fills_every_field(capsys):
+def test_make_call_runs_the_kernel_on_each_copy(device):
+    """The benchmark's call, on the builders' variable-length batch, through the real kernel:
+    the tolerance rule of the tests holds, and the rotation runs every cache copy."""
+    case = decode_case(device, batch=2, heads=2, qlen=2, lens=(37, 50), page=16, Lv=512,
+                       rope=64, dtype=torch.float16)
+    o, lse, _ = case.outputs()
+    inp = decode.Inputs(case.q, [case.k_buffer, case.k_buffer.clone()], case.req_to_token,
+                        case.seq_lens, case.k_scale, o, lse)
+    api = decode.load_api()
+    seen = []
+    kernel = api.decode_attention_fwd_verify
+    api.decode_attention_fwd_verify = lambda q, k, *a, **kw: (seen.append(k),
+                                                              kernel(q, k, *a, **kw))
+    decode.make_call(api, inp, 2, 2, case.sm_scale, 16, {"BLOCK_N": 16})()
+    assert [k is c for k, c in zip(seen, inp.kv)] == [True, True]
+    case.assert_matches(inp.o, inp.lse)
+    assert decode.check_call(decode.make_call(api, inp, 2, 1, case.sm_scale, 16, None, 1),
+                             inp, case.reference(), decode.CHECK_RTOL["fp16"])["ok"]
+
+
+def _fake_api(bad_block_h=None, raise_stages=None):
+    """The reference as the kernel, with the real tuning module's selection and checks."""
+
+    def kernel(q, k, v, o, lse, rtt, seq, real, qlen, logits, splits, sm_scale, page,
+               k_scale=None, *, config=None):
+        cfg = select_verify_config(1, qlen, q.shape[1], config=config)
+        if raise_stages is not None and cfg["num_stages"] == raise_stages:
+            raise RuntimeError("out of resource: shared memory, Required: 300000")
+        ro, rl = decode_verify_ref(q, k, v.shape[-1], rtt, seq, real, qlen, sm_scale, page,
+                                   k_scale)
+        o.copy_(ro + (1.0 if cfg["BLOCK_H"] == bad_block_h else 0.0))
+        lse.copy_(rl)
+
+    def splits(L, B, qlen, H, sm, block_h=None, min_work_per_split=None):
+        return 2 if block_h == 32 else 3
+
+    return decode.Api(kernel, select_verify_config, splits, decode_verify_ref, 132)
+
+
+CEILINGS = dict(shapes.ANCHOR_CEILINGS)
+
+
+def test_run_case_on_cpu_checks_times_and_fills_every_field():
     args = bench.parse_args(["--interpret", "--check"])
-    api = _fake_api()
-    row = bench.run_case(api, bench.INTERPRET_CASE, args, "cpu",
-                         {"copy_TBps": 4.27, "bf16_mm_TFLOPs": 678.5}, None)
+    row = decode.run_case(_fake_api(), shapes.INTERPRET_CASE, args, "cpu", CEILINGS, None)
     for k in ("time_us", "unique_bytes", "TBps", "TFLOPs", "roofline_us", "roofline_frac",
-              "baseline_us", "speedup", "num_kv_splits", "config", "check", "baseline_check"):
+              "baseline_us", "speedup", "num_kv_splits", "config", "check", "baseline_check",
+              "baseline_num_kv_splits", "baseline_config"):
         assert k in row, k
     assert row["check"]["ok"] and row["baseline_check"]["ok"]
     assert row["num_kv_splits"] == 2 and row["config"]["BLOCK_H"] == 32
-    json.dumps(row)  # JSON-able
+    assert row["baseline_num_kv_splits"] == 2 and row["speedup"] == pytest.approx(
+        row["baseline_us"] / row["time_us"])
+    assert "flashmla_us" not in row
+    json.dumps(row)
+    table, columns = decode.table([row])
+    assert columns == decode.TABLE_COLUMNS and table[0]["cache"] == "fp16"
+
+
+def test_the_feed_keeps_its_own_config_but_the_family():
+    args = bench.parse_args(["--interpret", "--block-n", "16", "--splits", "5"])
+    row = decode.run_case(_fake_api(), shapes.INTERPRET_CASE, args, "cpu", CEILINGS, None)
+    assert row["config"]["BLOCK_N"] == 16 and row["num_kv_splits"] == 5
+    assert row["baseline_config"]["BLOCK_N"] == 32 and row["baseline_num_kv_splits"] == 2
+    specs = bench.compile_specs(_fake_api(), [shapes.INTERPRET_CASE], args)
+    assert [s["config"] for s in specs] == [{"BLOCK_N": 16}, {}]
+    assert [(s["qlen"], s["splits"]) for s in specs] == [(2, 5), (1, 2)]
+    args = bench.parse_args(["--interpret", "--family", "triton", "--block-n", "16"])
+    assert bench.compile_specs(_fake_api(), [shapes.INTERPRET_CASE], args)[1]["config"] == \
+        {"family": "triton"}
 
 
 def test_check_fails_the_run_on_a_wrong_kernel():
     args = bench.parse_args(["--interpret", "--check", "--block-h", "16"])
     with pytest.raises(SystemExit) as e:
-        bench.run_case(_fake_api(bad_block_h=16), bench.INTERPRET_CASE, args, "cpu",
-                       {"copy_TBps": 4.27, "bf16_mm_TFLOPs": 678.5}, None)
+        decode.run_case(_fake_api(bad_block_h=16), shapes.INTERPRET_CASE, args, "cpu", CEILINGS,
+                        None)
     assert e.value.code == 1
 
 
-def test_compile_key_ignores_batch_and_split_count_but_not_single_split():
-    a = bench.compile_spec(bench.Case(16, 2, 1, 8192), "bf16", 4, {"BLOCK_H": 64})
-    b = bench.compile_spec(bench.Case(16, 2, 32, 4096), "bf16", 8, {"BLOCK_H": 64})
-    c = bench.compile_spec(bench.Case(16, 2, 32, 4096), "bf16", 1, {"BLOCK_H": 64})
-    d = bench.compile_spec(bench.Case(16, 2, 32, 4096), "bf16", 8, {"BLOCK_H": 32})
-    assert bench.compile_key(a) == bench.compile_key(b)
-    assert bench.compile_key(b) != bench.compile_key(c)
-    assert bench.compile_key(b) != bench.compile_key(d)
+# --- FlashMLA beside ours -------------------------------------------------------------------------
 
 
-# --- scripts as commands --------------------------------------------------------------------------
+def _fake_flashmla(wrong=False):
+    """flash_mla's two calls and layouts (q [B, s_q, H, 576], o [B, s_q, H, 512], lse
+    [B, H, s_q]), computed by the reference."""
+    calls = []
+
+    def get_mla_metadata(cache_seqlens, heads_per_k, h_k):
+        calls.append(("meta", heads_per_k, h_k))
+        return "meta", None
+
+    def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, meta,
+                               num_splits, softmax_scale=None, causal=False):
+        assert meta == "meta" and num_splits is None and causal
+        B, s_q, H, D = q.shape
+        calls.append(("call", k_cache))
+        o, lse = decode_verify_ref(q.reshape(B * s_q, H, D), k_cache, head_dim_v, block_table,
+                                   cache_seqlens, None, s_q, softmax_scale, k_cache.shape[1])
+        o = o.to(q.dtype) + (1.0 if wrong else 0.0)
+        return o.view(B, s_q, H, head_dim_v), lse.view(B, s_q, H).transpose(1, 2)
+
+    return types.SimpleNamespace(get_mla_metadata=get_mla_metadata,
+                                 flash_mla_with_kvcache=flash_mla_with_kvcache, calls=calls)
 
 
-def _script(name, *argv, env=None):
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *argv], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, env=env)
+def test_flashmla_runs_in_its_layouts_beside_ours(monkeypatch):
+    c = shapes.Case(4, 3, 2, 100, False, 64)
+    assert decode.flashmla_applies(c, "bf16", "cuda")
+    assert not decode.flashmla_applies(shapes.Case(4, 3, 2, 100, True, 64), "bf16", "cuda")
+    assert not decode.flashmla_applies(shapes.Case(4, 3, 2, 100, False, 16), "bf16", "cuda")
+    assert not decode.flashmla_applies(c, "fp16", "cuda")
+    fm = _fake_flashmla()
+    inp = decode.make_inputs(c, "cpu", torch.float16, rotate=2)
+    fn, first = decode.flashmla_call(fm, inp, c, 0.1352)
+    o, lse = first()
+    ref_o, ref_lse = decode_verify_ref(inp.q, inp.kv[0], 512, inp.req_to_token, inp.seq_lens,
+                                       None, 3, 0.1352, 64)
+    assert decode.judge(decode.compare(o, lse, ref_o, ref_lse), 1e-2)["ok"]
+    assert fm.calls[0] == ("meta", 3 * 4, 1)
+    fm.calls.clear()
+    fn()
+    assert [k is kv for (_, k), kv in zip(fm.calls, inp.kv)] == [True, True]
+    monkeypatch.setitem(sys.modules, "flash_mla", None)  # not installed: no column, no message
+    assert decode.load_flashmla() is None
 
 
-@pytest.mark.parametrize("name, flags", [
-    ("benchmark_decode_verify.py", ["--shape", "--heads", "--qlen", "--batch", "--seq-len",
-                                    "--page-size", "--fp8", "--splits", "--block-h", "--block-n",
-                                    "--num-warps", "--num-stages", "--qsplit", "--min-split-len",
-                                    "--json", "--check", "--interpret"]),
-    ("sweep_decode_verify.py", ["--budget-s", "--write", "--log", "--resume", "--jobs",
-                                "--quick", "--stages", "--interpret"]),
-])
-def test_help_works_on_cpu(name, flags):
-    out = _script(name, "--help")
-    assert out.returncode == 0, out.stderr
-    for f in flags:
-        assert f in out.stdout, f
+@pytest.mark.parametrize("wrong", [False, True])
+def test_flashmla_column_is_checked_and_timed(monkeypatch, wrong):
+    monkeypatch.setattr(decode, "flashmla_applies", lambda case, dtype, device: True)
+    args = bench.parse_args(["--interpret", "--check", "--no-baseline"])
+    row = decode.run_case(_fake_api(), shapes.INTERPRET_CASE, args, "cpu", CEILINGS, None,
+                          _fake_flashmla(wrong))
+    assert row["flashmla_check"]["ok"] is not wrong
+    assert ("flashmla_us" in row) is not wrong  # a wrong FlashMLA gets no time
+    if not wrong:
+        assert row["vs_flashmla"] == pytest.approx(row["flashmla_us"] / row["time_us"])
+        _, columns = decode.table([row])
+        assert columns[-4:] == ["flashmla_us", "vs_flashmla", "target", "pass"]
 
+
+# --- the scripts, in this process ----------------------------------------------------------------
+
+
+def test_benchmark_interpret_run_writes_json(tmp_path, capsys):
+    out = tmp_path / "d.json"
+    assert bench.main(["--interpret", "--check", "--no-baseline", "--min-split-len", "16",
+                       "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    assert row["check"]["ok"] and row["num_kv_splits"] > 1 and row["config"]["MIN_SPLIT_LEN"] == 16
+    assert doc["command"].startswith("python benchmarks/benchmark_decode_verify.py --interpret")
+    assert doc["ceilings"]["source"].startswith("nominal") and "commit" in doc["env"]
+    assert "time_us" in capsys.readouterr().out
+
+
+def test_benchmark_unknown_family_fails_cleanly(capsys):
+    assert bench.main(["--interpret", "--family", "gluon"]) == 2
+    assert "unknown kernel family 'gluon'" in capsys.readouterr().err
+
+
+def test_ab_interpret_times_variants_and_reports_refused_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(decode, "load_api", _fake_api)
+    out = tmp_path / "ab.json"
+    assert ab_decode_verify.main(["--interpret", "--rounds", "2", "--variant", "{}",
+                                  '{"BLOCK_N": 16, "splits": 3, "name": "n16"}',
+                                  '{"family": "gluon"}', "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r.get("variant") for r in rows] == ['{"family": "gluon"}', "table", "n16"]
+    assert "unknown kernel family" in rows[0]["error"]
+    assert rows[1]["ratio"] == 1.0 and len(rows[2]["times_us"]) == 2
+    assert rows[2]["num_kv_splits"] == 3 and rows[2]["config"]["BLOCK_N"] == 16
+    monkeypatch.setattr(decode, "load_api", lambda: _fake_api(bad_block_h=16))
+    assert ab_decode_verify.main(["--interpret", "--rounds", "1", "--variant",
+                                  '{"BLOCK_H": 16}']) == 1
+
+
+def test_prefill_arguments():
+    a = benchmark_vit_prefill_attn.parse_args(["--shape", "P2,P3", "--bm", "64", "--nw", "4",
+                                               "--tma", "0", "--no-hint", "--no-split",
+                                               "--backend", "TRITON_ATTN,sdpa-cudnn"])
+    assert a.shape == ["P2", "P3"] and a.backend == "mla,sdpa-cudnn" and a.dtype == "bf16"
+    assert prefill.launch_overrides(a) == {"BLOCK_M": 64, "num_warps": 4, "tma": False,
+                                           "aligned": False, "split_head_dim": False}
+    assert benchmark_vit_prefill_attn.shapes(a)[0] == ("P2", 1, 3520, 16, 72)
+    a = benchmark_vit_prefill_attn.parse_args(["--seq", "100", "--head-dim", "80"])
+    assert benchmark_vit_prefill_attn.shapes(a) == [("custom", 1, 100, 16, 80)]
+    assert len(benchmark_vit_prefill_attn.parse_args(["--shape", "all"]).shape) == 8
+    for bad in (["--shape", "P9"], ["--backend", "sdpa-magic"], ["--interpret", "--shape", "P1"]):
+        with pytest.raises(SystemExit):
+            benchmark_vit_prefill_attn.parse_args(bad)
+
+
+def test_prefill_direct_launch_is_the_api_launch(device):
+    """The benchmark launches the kernel itself, with the launch context_attention_fwd makes."""
+    case = encoder_case(device, lens=(40,), hq=2, hkv=2, d=72, causal=False)
+    o = case.output()
+    fn, cfg = prefill.mla_fn((case.q, case.k, case.v, o, case.b_start_loc, case.b_seq_len), 40,
+                             False, {"BLOCK_M": 32, "BLOCK_N": 16})
+    fn()
+    case.assert_matches(o)
+    assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_D"], cfg["BLOCK_D_TAIL"]) == (32, 16, 64, 16)
+
+
+def test_prefill_interpret_run_and_sweep(tmp_path):
+    out, table, log = tmp_path / "p.json", tmp_path / "t.json", tmp_path / "log.json"
+    main = benchmark_vit_prefill_attn.main
+    assert main(["--interpret", "--backend", "mla,sdpa-default", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["max_abs_err"] < 1e-2 and row["ratio"] == pytest.approx(
+        row["sdpa-default_ms"] / row["mla_ms"])
+    assert row["target_ratio"] == 1.2 and row["config"]["BLOCK_D_TAIL"] == 16
+    assert main(["--interpret", "--sweep", "--table-out", str(table), "--log", str(log)]) == 0
+    text = table.read_text()
+    rules = json.loads(text)["rules"]
+    assert rules[0]["match"] == {"split": "64+16"} and rules[0]["points"][0]["head_dim"] == 72
+    assert rules[1:] == tuning.table("prefill", platform.current().arch)["rules"]
+    assert len(json.loads(log.read_text())["rows"]) == 2
+
+
+def test_prefill_sweep_rules_and_the_table_they_make():
+    def m(d, c, ms):
+        return {"D": d, "cand": list(c), "ms": ms}
+
+    a, b, c = (128, 64, 8, 3, True), (64, 64, 4, 3, False), (128, 32, 8, 2, True)
+    splits = {(64, 16): [72, 80], (128, 0): [128], (256, 0): [256]}
+    meas = [m(72, a, 1.0), m(80, a, 1.0), m(72, b, 0.9), m(80, b, 1.2),  # a: 2.0 < b: 2.1
+            m(72, c, 0.5),  # c has no time at 80: not a candidate of the split
+            m(128, b, 2.0), m(128, a, 2.5), {"D": 128, "cand": list(c), "error": "x"}]
+    rules = prefill.choose_rules(splits, meas)
+    assert [r["match"] for r in rules] == [{"split": "64+16"}, {"split": "128+0"}]
+    assert rules[0]["config"] == prefill.cand_config(a)
+    assert rules[0]["points"][0] == {"head_dim": 72, "ms": 1.0, "best_ms": 0.5, "candidates": 3}
+    assert rules[1]["config"] == prefill.cand_config(b)
+    text = prefill.table_with(rules, "sm_90", "test", {})
+    table = json.loads(text)
+    committed = tuning.table("prefill", "sm_90")["rules"]
+    kept = [r for r in committed if r.get("match", {}).get("split") not in ("64+16", "128+0")]
+    assert table["rules"] == rules + kept and len(kept) == len(committed) - 2
+    kernel = tuning.KERNELS["prefill"]
+    kernel.builtin["bench-test"] = json.loads(text)
+    tuning.table.cache_clear()
+    try:
+        facts = {"head_dim": 80, "split": "64+16", "aligned": True, "causal": False}
+        assert tuning.select("prefill", facts, arch="bench-test")["BLOCK_M"] == 128
+        facts = {"head_dim": 256, "split": "256+0", "aligned": True, "causal": False}
+        assert tuning.select("prefill", facts, arch="bench-test")["BLOCK_N"] == 32
+    finally:
+        del kernel.builtin["bench-test"]
+        tuning.table.cache_clear()
+
+
+def test_towers_interpret_run(tmp_path):
+    out = tmp_path / "t.json"
+    assert vit_towers_e2e.main(["--interpret", "--towers", "qwen2.5-vl", "--images", "2",
+                                "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["tower"] == "qwen2.5-vl" and row["images"] == 2
+    assert row["rel_err"] < 1e-4 and row["speedup"] == pytest.approx(
+        row["sdpa_ms"] / row["mla_ms"])
+
+
+# --- the scripts as commands ----------------------------------------------------------------------
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a GPU-less machine")
-@pytest.mark.parametrize("name", ["benchmark_decode_verify.py", "sweep_decode_verify.py"])
-def test_without_gpu_or_interpret_the_scripts_say_so(name):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = _script(name, env=env)
-    assert out.returncode == 2
-    assert "--interpret" in out.stderr and "GPU" in out.stderr
+@pytest.mark.parametrize("main", [bench.main, sweep_decode_verify.main, ab_decode_verify.main,
+                                  benchmark_vit_prefill_attn.main, vit_towers_e2e.main],
+                         ids=lambda m: m.__module__.split(".")[-1])
+def test_without_gpu_or_interpret_a_script_says_so(main, capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "--interpret" in err and "GPU" in err
 
 
-# --- sweep: grid, planning, table ---------------------------------------------------------------
+def test_a_script_runs_as_a_command_from_anywhere(tmp_path):
+    """Run from another directory, without PYTHONPATH or TRITON_INTERPRET: the script finds the
+    package and, for --interpret, sets TRITON_INTERPRET itself before triton is imported."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
+    out = tmp_path / "d.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "benchmark_decode_verify.py"),
+                          "--interpret", "--no-baseline", "--json", str(out)], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "Triton interpreter" in run.stdout
+    assert json.loads(out.read_text())["rows"][0]["time_us"] > 0
 
-GROUPS_H = sweep.parse_groups(sweep.DEFAULT_HEADS_GROUPS)
-GROUPS_Q = sweep.parse_groups(sweep.DEFAULT_QLEN_GROUPS)
+
+def test_every_script_documents_its_flags(capsys):
+    flags = {
+        bench.parse_args: ["--shape", "--heads", "--qlen", "--batch", "--seq-len", "--page-size",
+                           "--fp8", "--splits", "--block-h", "--tma", "--family", "--rotate",
+                           "--no-prequeue", "--no-flashmla", "--json", "--check", "--interpret"],
+        sweep_decode_verify.parse_args: ["--budget-s", "--write", "--log", "--resume", "--jobs",
+                                         "--quick", "--stages", "--interpret"],
+        ab_decode_verify.parse_args: ["--shape", "--variant", "--rounds", "--no-prequeue",
+                                      "--json", "--interpret"],
+        benchmark_vit_prefill_attn.parse_args: [
+            "--seq", "--heads", "--head-dim", "--backend", "--bm", "--bn", "--nw", "--ns", "--we",
+            "--shape", "--ceilings", "--sweep", "--json", "--workers", "--interpret"],
+        vit_towers_e2e.main: ["--towers", "--images", "--rep-ms", "--json", "--interpret"],
+    }
+    for parse, want in flags.items():
+        with pytest.raises(SystemExit) as e:
+            parse(["--help"])
+        assert e.value.code == 0
+        text = capsys.readouterr().out
+        assert [f for f in want if f not in text] == [], parse.__module__
+
+
+# --- the decode sweep: grid, planning, table -----------------------------------------------------
+
+GROUPS_H = ds.parse_groups(ds.DEFAULT_HEADS_GROUPS)
+GROUPS_Q = ds.parse_groups(ds.DEFAULT_QLEN_GROUPS)
 
 
 def _defaults(p):
     rows = p.B * p.qlen * p.H
-    return {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "QSPLIT": 0,
-            "SPLIT_ALIGN": 64, "MIN_SPLIT_LEN": 256 if rows <= 640 else 512, "S2_BLOCK_S": 16,
-            "s2_num_warps": 4, "SWAP_AB": 0, "S2_BLOCK_DV": 0, "TMA": 0, "PERSISTENT": 0, "PDL": 0}
+    return {**VERIFY_DEFAULT_CONFIG, "BLOCK_H": 64, "num_warps": 8, "num_stages": 3,
+            "MIN_SPLIT_LEN": 256 if rows <= 640 else 512, "S2_BLOCK_S": 16}
 
 
-def _splits_of(p, block_h):
-    return max(1, min(8, 132 // max(1, p.B * math.ceil(p.qlen * p.H / block_h))))
+def _splits_of(p, cfg):
+    return max(1, min(8, 132 // max(1, p.B * math.ceil(p.qlen * p.H / cfg["BLOCK_H"]))))
 
 
-def test_grid_is_the_issue_grid_with_every_anchor_shape():
-    grid = sweep.grid_points()
+def test_grid_has_every_named_shape():
+    grid = shapes.grid_points()
     assert len(grid) == 2 * 4 * 4 * 2
     assert sorted(p.name for p in grid if p.name) == list(ANCHORS)
-    tiles = sweep.tile_points(grid)
+    tiles = shapes.tile_points(grid)
     assert {p.name for p in tiles if p.name} == set(ANCHORS) and len(tiles) == 9
-    quick = sweep.tile_points(grid, sweep.QUICK_SPACE.anchors_only)
-    assert sorted(p.name for p in quick) == list(ANCHORS)
+    assert sorted(p.name for p in shapes.tile_points(grid, True)) == list(ANCHORS)
+    assert not any(p.name for p in shapes.grid_points(page_size=16))
 
 
-def test_parse_groups():
-    assert sweep.parse_groups("1,2/4") == [[1, 2], [4]]
-    with pytest.raises(ValueError):
-        sweep.parse_groups("1,2/2")
-    assert all(sweep.group_of(h, GROUPS_H) is not None for h in (8, 16, 32, 64, 128))
-    assert all(sweep.group_of(q, GROUPS_Q) is not None for q in range(1, 17))
-
-
-def test_batch_bins_cover_every_batch():
-    assert sweep.batch_bins([32, 1, 128, 16, 1]) == [(1, 4), (16, 22), (32, 64), (128, None)]
+def test_groups_and_batch_bins():
+    assert ds.parse_groups("1,2/4") == [[1, 2], [4]]
+    for bad in ("1,2/2", "0/1"):
+        with pytest.raises(ValueError):
+            ds.parse_groups(bad)
+    assert all(ds.group_of(h, GROUPS_H) is not None for h in (8, 16, 32, 64, 128))
+    assert all(ds.group_of(q, GROUPS_Q) is not None for q in range(1, 17))
+    assert ds.batch_bins([32, 1, 128, 16, 1]) == [(1, 4), (16, 22), (32, 64), (128, None)]
 
 
 def _ok(res, p, cfg, t, splits=None, stage="tile"):
-    s = _splits_of(p, cfg["BLOCK_H"]) if splits is None else splits
-    res.add({"point": sweep.point_key(p), "config": cfg, "splits": s, "heuristic": splits is None,
+    s = _splits_of(p, cfg) if splits is None else splits
+    res.add({"point": p.key, "config": cfg, "splits": s, "heuristic": splits is None,
              "status": "ok", "time_us": t, "stage": stage})
 
 
 def test_planning_follows_the_stages():
-    grid = sweep.grid_points()
-    tiles = sweep.tile_points(grid)
-    res = sweep.Results()
-    space = sweep.Space()
-    plan = lambda st: sweep.plan_stage(st, tiles, grid, res, _defaults, _splits_of, space, 132,  # noqa: E731
-                                       GROUPS_H)
+    grid = shapes.grid_points()
+    tiles = shapes.tile_points(grid)
+    res = ds.Results()
+    space = ds.Space()
+
+    def plan(stage):
+        return ds.plan_stage(stage, tiles, grid, res, _defaults, _splits_of, space, 132, GROUPS_H)
+
     assert len(plan("default")) == len(tiles)
     tile = plan("tile")
     assert len(tile) == len(tiles) * (18 + len(space.swap_ab_tiles))
-    assert all(t[2] == _splits_of(t[0], t[1]["BLOCK_H"]) and t[3] for t in tile)
+    assert all(t[2] == _splits_of(t[0], t[1]) and t[3] for t in tile)
     for i, (p, c, s, _) in enumerate(tile):  # BLOCK_N=16, 4 warps wins everywhere
         _ok(res, p, c, 10.0 + (c["BLOCK_N"] != 16) + (c["num_warps"] != 4) + 0.01 * i)
     assert plan("tile") == []  # measured already
     pipe = plan("pipeline")
-    assert len({(sweep.point_key(p), c["BLOCK_H"]) for p, c, _, _ in pipe}) == 2 * len(tiles)
+    assert len({(p.key, c["BLOCK_H"]) for p, c, _, _ in pipe}) == 2 * len(tiles)
     assert all(c["BLOCK_N"] == 16 and c["num_warps"] == 4 for _, c, _, _ in pipe)
     for p, c, s, _ in pipe:
         _ok(res, p, c, 5.0 if c["num_stages"] == 4 else 20.0)
+    feats = plan("features")
+    assert feats and all(not (p.fp8 and c["TMA"]) for p, c, _, _ in feats)
     # MIN_SPLIT_LEN only where cdiv(L, splits) < 512; the stage-2 knobs only with > 1 split
     for p, c, s, _ in plan("splitlen"):
         assert s > 1 and math.ceil(p.L / s) < 512 and c["num_stages"] == 4
-    for p, c, s, _ in plan("s2block") + plan("s2warps"):
+    for p, c, s, _ in plan("s2block") + plan("s2warps") + plan("pdl"):
         assert s > 1
     splits = plan("splits")
-    assert splits and all(not h and s != _splits_of(p, c["BLOCK_H"]) for p, c, s, h in splits)
-    gridp = plan("grid")
+    assert splits and all(not h and s != _splits_of(p, c) for p, c, s, h in splits)
     per_point = {}
-    for p, c, s, h in gridp:
-        per_point.setdefault(sweep.point_key(p), []).append(c)
+    for p, c, s, h in plan("grid"):
+        per_point.setdefault(p.key, []).append(c)
     others = [p for p in grid if p not in tiles]  # the tile points have their default measured
-    assert set(per_point) >= {sweep.point_key(p) for p in others}
+    assert set(per_point) >= {p.key for p in others}
     for p in tiles:
-        assert _defaults(p) not in per_point.get(sweep.point_key(p), [])
+        assert _defaults(p) not in per_point.get(p.key, [])
     for p in others:
-        cfgs = per_point[sweep.point_key(p)]
+        cfgs = per_point[p.key]
         assert _defaults(p) in cfgs and 1 < len(cfgs) <= 1 + space.grid_candidates
         # the nearest tile points' winners: same heads group, so BLOCK_N 16 / 4 warps / 4 stages
         assert all(c["num_stages"] == 4 for c in cfgs if c != _defaults(p))
 
 
 def test_quick_space_plans_fewer_runs():
-    grid = sweep.grid_points()
-    full = sweep.plan_stage("tile", sweep.tile_points(grid), grid, sweep.Results(), _defaults,
-                            _splits_of, sweep.Space(), 132, GROUPS_H)
-    q = sweep.QUICK_SPACE
-    quick = sweep.plan_stage("tile", sweep.tile_points(grid, q.anchors_only), grid,
-                             sweep.Results(), _defaults, _splits_of, q, 132, GROUPS_H)
+    grid = shapes.grid_points()
+    full = ds.plan_stage("tile", shapes.tile_points(grid), grid, ds.Results(), _defaults,
+                         _splits_of, ds.Space(), 132, GROUPS_H)
+    q = ds.QUICK_SPACE
+    quick = ds.plan_stage("tile", shapes.tile_points(grid, q.named_only), grid, ds.Results(),
+                          _defaults, _splits_of, q, 132, GROUPS_H)
     assert len(full) == 9 * (18 + 3) and len(quick) == 7 * (8 + 3)
 
 
+def test_grid_stage_times_a_bins_candidates_on_each_of_its_points():
+    """Every point of a table bin (heads group, qlen group, batch) gets the same candidates, so
+    the bin's choice can weigh each of them on all its points."""
+    grid = shapes.grid_points()
+    tiles = shapes.tile_points(grid)
+    res = ds.Results()
+    for i, p in enumerate(tiles):  # a distinct winner per tile point
+        _ok(res, p, {**_defaults(p), "BLOCK_N": 16 + i}, 1.0)
+    tasks = ds.plan_stage("grid", tiles, grid, res, _defaults, _splits_of, ds.Space(), 132,
+                          GROUPS_H, GROUPS_Q)
+    per_point: dict[str, set] = {}
+    for p, c, s, h in tasks:
+        if c != _defaults(p):
+            per_point.setdefault(p.key, set()).add(ds.config_key(c))
+
+    def bin_of(p):
+        return ds.group_of(p.H, GROUPS_H), ds.group_of(p.qlen, GROUPS_Q), p.B
+
+    bins: dict[tuple, set] = {}
+    for p in grid:
+        bins.setdefault(bin_of(p), set()).update(per_point.get(p.key, set()))
+    assert any(len(v) > 1 for v in bins.values())
+    for p in grid:
+        measured = {ds.config_key(r["config"]) for r in res.records if r["point"] == p.key}
+        assert bins[bin_of(p)] <= per_point.get(p.key, set()) | measured, p.key
+
+
 def test_choose_config_minimises_the_geometric_mean_ratio():
-    p1, p2 = bench.Case(16, 2, 32, 4096), bench.Case(16, 2, 32, 4096, True)
+    p1, p2 = shapes.Case(16, 2, 32, 4096), shapes.Case(16, 2, 32, 4096, True)
     a = {**_defaults(p1), "BLOCK_H": 32}
     b = {**_defaults(p1), "BLOCK_H": 64}
-    res = sweep.Results()
+    res = ds.Results()
     _ok(res, p1, a, 10.0)
     _ok(res, p2, a, 30.0)  # a: 1.0 and 1.5x
     _ok(res, p1, b, 12.0)
     _ok(res, p2, b, 20.0)  # b: 1.2x and 1.0: geomean 1.095 < 1.225
-    cfg, ev = sweep.choose_config([p1, p2], res, a)
+    cfg, ev = ds.choose_config([p1, p2], res, a)
     assert cfg == b and [e["ratio"] for e in ev] == [1.2, 1.0]
-    assert sweep.choose_config([bench.Case(8, 1, 1, 64)], res, a) == (None, [])
+    _ok(res, p1, {**a, "BLOCK_N": 16}, 10.0)  # a tie on p1's only point: the preferred wins
+    assert ds.choose_config([p1], res, a)[0] == a
+    assert ds.choose_config([shapes.Case(8, 1, 1, 64)], res, a) == (None, [])
 
 
-def _synthetic_table(tmp_path):
+def test_results_meet_a_resumed_logs_configs():
+    """A log's configs (older: fewer keys, or "family" spelled out) are the candidates they were."""
+    p = shapes.SHAPES["M2"].case
+    old = {k: v for k, v in VERIFY_DEFAULT_CONFIG.items() if k not in ("TMA", "PDL")}
+    res = ds.Results([{"point": p.key, "config": {**old, "family": "triton"}, "splits": 4,
+                       "heuristic": True, "status": "ok", "time_us": 1.0, "stage": "tile"}])
+    assert res.has(p.key, dict(VERIFY_DEFAULT_CONFIG), 4) and not res.has(p.key, old, 5)
+    assert res.top(p.key, 1) == [VERIFY_DEFAULT_CONFIG]
+
+
+def _synthetic_rules():
     """Full grid; BLOCK_H 32 is 30% faster at H<=32, BLOCK_H 64 at H=128."""
-    grid = sweep.grid_points()
-    res = sweep.Results()
+    grid = shapes.grid_points()
+    res = ds.Results()
     for i, p in enumerate(grid):
         for bh in (32, 64):
             slow = (bh == 64) == (p.H <= 32)
             _ok(res, p, {**_defaults(p), "BLOCK_H": bh}, (130.0 if slow else 100.0) + 0.001 * i,
                 stage="grid")
-    table = sweep.build_table(grid, res, _defaults, GROUPS_H, GROUPS_Q, "sm_90", "test run",
-                              {"note": "synthetic"})
-    path = tmp_path / "sm_90.json"
-    sweep.write_table(path, table)
-    return grid, table, path
+    return grid, ds.build_rules(grid, res, _defaults, GROUPS_H, GROUPS_Q)
 
 
-def test_table_round_trips_and_selects_each_points_winner(tmp_path):
-    grid, table, path = _synthetic_table(tmp_path)
-    loaded = json.loads(path.read_text())
-    assert loaded == table
-    sweep.validate_table(loaded)
-    assert loaded["arch"] == "sm_90" and loaded["sweep"] == {"note": "synthetic"}
-    assert all(set(b["config"]) == set(bench.LAUNCH_KEYS) for b in loaded["buckets"])
-    for p in grid:
-        cfg = sweep.select_from_table(loaded, p.B, p.qlen, p.H)
-        assert cfg["BLOCK_H"] == (32 if p.H <= 32 else 64), sweep.point_key(p)
-        assert cfg["MIN_SPLIT_LEN"] == _defaults(p)["MIN_SPLIT_LEN"]
-    # few buckets after merging: no bucket repeats its successor's config within a group
-    assert len(loaded["buckets"]) < 2 * 4 * 4
+def test_sweep_table_is_what_the_tuning_module_selects():
+    grid, rules = _synthetic_rules()
+    assert len(rules) < 2 * 4 * 4 and "match" not in rules[-1]
+    assert all(set(r["config"]) == set(VERIFY_DEFAULT_CONFIG) and r["points"] for r in rules)
+    assert all(set(r["match"]) <= {"num_heads", "qlen", "rows_max"} for r in rules[:-1])
+    text = ds.table_text(rules, "sm_90", "test run", {"gpu": "test"})
+    table = json.loads(text)
+    assert table["rules"] == rules and table["kernel"] == "decode_verify"
+    kernel = tuning.KERNELS["decode_verify"]
+    kernel.builtin["bench-test"] = table
+    tuning.table.cache_clear()
+    try:
+        from mla_ops.decode_verify.configs import verify_facts
 
-
-def test_table_is_what_configs_py_reads(tmp_path, monkeypatch):
-    configs = pytest.importorskip("mla_ops.decode_verify.configs")
-    from mla_ops import platform
-
-    grid, table, path = _synthetic_table(tmp_path)
-    loaded = json.loads(path.read_text())
-    configs._validate(loaded)
-    monkeypatch.setitem(configs.TABLES, "sm_90", loaded)
-    with platform.mock_platform("sm_90", sm_count=132):
-        for H in (8, 16, 20, 32, 64, 128):
-            for q in (1, 2, 3, 4, 8, 12):
-                for B in (1, 2, 8, 16, 24, 32, 100, 128, 512):
-                    want = {**configs.VERIFY_DEFAULT_CONFIG,
-                            **sweep.select_from_table(loaded, B, q, H)}
-                    assert configs.select_verify_config(B, q, H) == want, (B, q, H)
-
-
-def test_validate_rejects_what_configs_py_would():
-    cfg = _defaults(bench.Case(16, 2, 1, 64))
-    ok = {"arch": "sm_90", "buckets": [{"max_rows": 64, "config": cfg}, {"config": cfg}]}
-    sweep.validate_table(ok)
-    for bad in (
-        {"arch": "x", "buckets": [{"max_rows": 64, "config": cfg}]},
-        {"arch": "x", "buckets": [{"config": {**cfg, "BLOCK_M": 1}}]},
-        {"arch": "x", "buckets": [{"config": {k: v for k, v in cfg.items() if k != "QSPLIT"}}]},
-        {"arch": "x", "buckets": []},
-    ):
-        with pytest.raises(ValueError):
-            sweep.validate_table(bad)
+        for p in grid:
+            got = tuning.select("decode_verify", verify_facts(p.B, p.qlen, p.H, fp8=p.fp8),
+                                arch="bench-test")
+            assert got["BLOCK_H"] == (32 if p.H <= 32 else 64), p.key
+            assert got["MIN_SPLIT_LEN"] == _defaults(p)["MIN_SPLIT_LEN"], p.key
+    finally:
+        del kernel.builtin["bench-test"]
+        tuning.table.cache_clear()
+    with pytest.raises(ValueError, match="last rule must match every launch"):
+        ds.table_text(rules[:-1], "sm_90", "test", {})
+    bad = [{"config": {**rules[-1]["config"], "SWAP_AB": 1, "num_stages": 1}}]
+    with platform.mock_platform("sm_90", interpret=False):
+        with pytest.raises(ValueError, match="refused"):
+            ds.table_text(bad, "sm_90", "test", {})
 
 
 def test_sweep_end_to_end_with_a_fake_kernel(tmp_path, monkeypatch, capsys):
     """The whole sweep on the CPU path: wrong answers and refused configs are discarded, the log
-    and a valid table come out, and a resumed run keeps the log and measures nothing twice
-    (it may go further: each stage replans around the best configs found so far)."""
-    monkeypatch.setattr(bench, "load_api", lambda: _fake_api(bad_block_h=16, raise_stages=1))
+    and a valid table come out, and a resumed run keeps the log and measures nothing twice."""
+    monkeypatch.setattr(decode, "load_api", lambda: _fake_api(bad_block_h=16, raise_stages=1))
     table_path, log_path = tmp_path / "t.json", tmp_path / "log.json"
     argv = ["--interpret", "--write", str(table_path), "--log", str(log_path), "--budget-s", "60"]
-    assert sweep.main(argv) == 0
+    assert sweep_decode_verify.main(argv) == 0
     log = json.loads(log_path.read_text())
     status = {}
     for r in log["records"]:
         status.setdefault(r["status"], []).append(r)
-    assert status["ok"]
+    assert status["ok"] and log["sweep"]["complete"] and log["sweep"]["split_findings"]
     assert all(r["config"]["BLOCK_H"] == 16 for r in status["wrong"])
-    assert all(r["config"]["num_stages"] == 1 and "shared memory" in r["msg"] for r in status["error"])
+    assert all(r["config"]["num_stages"] == 1 and "shared memory" in r["msg"]
+               for r in status["error"])
     table = json.loads(table_path.read_text())
-    sweep.validate_table(table)
+    assert table["kernel"] == "decode_verify" and "1/1 grid points measured" in table["source"]
     best = min(status["ok"], key=lambda r: r["time_us"] if r["heuristic"] else 1e30)
-    c = bench.INTERPRET_CASE
-    assert sweep.select_from_table(table, c.B, c.qlen, c.H) == sweep.ordered_config(best["config"])
-    n = len(log["records"])
-    assert sweep.main(argv + ["--resume", str(log_path)]) == 0
+    assert table["rules"][-1]["config"] == best["config"]
+    first = {ds.Results.key(r["point"], r["config"], r["splits"]): r.get("time_us")
+             for r in log["records"]}
+    assert sweep_decode_verify.main(argv + ["--resume", str(log_path)]) == 0
     records = json.loads(log_path.read_text())["records"]
-    keys = [sweep.Results.key(r["point"], r["config"], r["splits"]) for r in records]
-    assert len(keys) == len(set(keys)) >= n  # kept everything, measured nothing twice
+    again = {ds.Results.key(r["point"], r["config"], r["splits"]): r.get("time_us")
+             for r in records}
+    assert len(again) == len(records)  # one record per measurement
+    assert all(again[k] == t for k, t in first.items())  # kept, not measured again
 
 
-def test_compile_pool_reports_good_and_refused_variants():
-    """The worker processes on the CPU (the real kernel under the interpreter)."""
-    pytest.importorskip("mla_ops.decode_verify.launch")
-    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("exercised on the GPU by the scripts themselves")
-    c = bench.Case(16, 1, 1, 16, False, 16)
-    good = bench.compile_spec(c, "fp16", 1, {"BLOCK_H": 16, "BLOCK_N": 16}, device="cpu")
-    bad = bench.compile_spec(c, "fp16", 1, {"BLOCK_H": 16, "NOT_A_KEY": 1}, device="cpu")
-    pool = bench.CompilePool(2)
+# --- the compile pool -----------------------------------------------------------------------------
+
+
+_CONTEXT_LOST = []
+
+
+def _pool_job(spec):
+    if _CONTEXT_LOST:
+        raise AssertionError("ran in a process whose CUDA context is gone")
+    if spec["what"] == "crash":
+        _CONTEXT_LOST.append(True)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    if spec["what"] == "bad":
+        raise ValueError("config: refused")
+
+
+def test_compile_pool_protocol():
+    """One worker: a job that loses the CUDA context poisons its process, whose later jobs go to
+    a fresh one; a refused job is that job's error only; a process without the device raises."""
+    specs = {k: {"what": k, "device": "cpu"} for k in ("ok", "crash", "after", "bad")}
+    pool = compile_pool.CompilePool(1, _pool_job)
     try:
-        out = pool.run([good, bad, dict(good)])
-        assert len(out) == 2
-        assert out[bench.compile_key(good)][0] == "ok", out
-        st, msg, _ = out[bench.compile_key(bad)]
-        assert st == "error" and "NOT_A_KEY" in msg
-        # workers that cannot reach the device blame no config: the caller compiles itself
-        with pytest.raises(RuntimeError, match="cannot use the device"):
-            pool.run([bench.compile_spec(c, "fp16", 1, {"BLOCK_N": 32}, device="cuda")])
+        out = pool.run(specs)
+        assert {k: v[0] for k, v in out.items()} == {"ok": "ok", "crash": "crash",
+                                                     "after": "ok", "bad": "error"}
+        assert "illegal memory access" in out["crash"][1] and "refused" in out["bad"][1]
+        if not torch.cuda.is_available():
+            with pytest.raises(RuntimeError, match="cannot use the device"):
+                pool.run({"x": {"what": "ok", "device": "cuda"}})
     finally:
         pool.close()
+    assert compile_pool.precompile(_pool_job, specs, 0) == {}
 
 
-def test_grid_stage_times_a_bins_candidates_on_each_of_its_points():
-    """Every point of a table bin (heads group, qlen group, batch) gets the same candidates, so
-    the bin's choice can weigh each of them on all its points (a q4-B1 winner timed only at
-    q4-B1 could not be chosen for a bin that also holds q8-B1)."""
-    grid = sweep.grid_points()
-    tiles = sweep.tile_points(grid)
-    res = sweep.Results()
-    for i, p in enumerate(tiles):  # a distinct winner per tile point
-        _ok(res, p, {**_defaults(p), "BLOCK_N": 16 + i}, 1.0)
-    qgroups = GROUPS_Q
-    tasks = sweep.plan_stage("grid", tiles, grid, res, _defaults, _splits_of, sweep.Space(), 132,
-                             GROUPS_H, qgroups)
-    per_point: dict[str, set] = {}
-    for p, c, s, h in tasks:
-        if c != _defaults(p):
-            per_point.setdefault(sweep.point_key(p), set()).add(sweep.config_key(c))
-    bins: dict[tuple, list[set]] = {}
-    for p in grid:
-        key = (sweep.group_of(p.H, GROUPS_H), sweep.group_of(p.qlen, qgroups), p.B)
-        bins.setdefault(key, []).append(per_point.get(sweep.point_key(p), set()))
-    # points already measured with a candidate drop it from their tasks: compare the union
-    assert any(len(v) > 1 for v in bins.values())
-    for key, sets in bins.items():
-        union = set().union(*sets)
-        for p in grid:
-            if (sweep.group_of(p.H, GROUPS_H), sweep.group_of(p.qlen, qgroups), p.B) != key:
-                continue
-            measured = {sweep.config_key(r["config"]) for r in res.records
-                        if r["point"] == sweep.point_key(p)}
-            assert union <= per_point.get(sweep.point_key(p), set()) | measured, key
+def test_decode_compile_job_in_the_pool():
+    """The real decode job in a worker (the kernel under the interpreter): a good variant
+    compiles, a config the tuning module refuses is that variant's error."""
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("exercised on the GPU by the scripts themselves")
+    c = shapes.Case(16, 1, 1, 16, False, 16)
+    good = decode.compile_spec(c, "fp16", 1, {"BLOCK_H": 16, "BLOCK_N": 16}, device="cpu")
+    bad = decode.compile_spec(c, "fp16", 1, {"family": "gluon"}, device="cpu")
+    specs = decode.specs_by_key([good, bad, dict(good)])
+    assert len(specs) == 2
+    out = compile_pool.precompile(decode.compile_job, specs, 2)
+    assert out[decode.compile_key(good)][0] == "ok", out
+    st, msg, _ = out[decode.compile_key(bad)]
+    assert st == "error" and "unknown kernel family 'gluon'" in msg
+
+
+def test_compile_key_ignores_batch_and_split_count_but_not_single_split():
+    spec = decode.compile_spec
+    a = spec(shapes.Case(16, 2, 1, 8192), "bf16", 4, {"BLOCK_H": 64})
+    b = spec(shapes.Case(16, 2, 32, 4096), "bf16", 8, {"BLOCK_H": 64})
+    c = spec(shapes.Case(16, 2, 32, 4096), "bf16", 1, {"BLOCK_H": 64})
+    d = spec(shapes.Case(16, 2, 32, 4096), "bf16", 8, {"BLOCK_H": 32})
+    assert decode.compile_key(a) == decode.compile_key(b)
+    assert decode.compile_key(b) != decode.compile_key(c)
+    assert decode.compile_key(b) != decode.compile_key(d)
