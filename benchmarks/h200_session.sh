@@ -1,49 +1,53 @@
 #!/usr/bin/env bash
-# Everything that needs the H200, in the order one device call can afford it.
-#   bash benchmarks/h200_session.sh tune   # sweep the verify table, then benchmark both kernels
-#   bash benchmarks/h200_session.sh test   # GPU test suite with the extension built, main job
-#   bash benchmarks/h200_session.sh all    # sweep, then the suite and the benchmarks on its table
-# Env: RESUME=<sweep log> resumes a sweep, SWEEP_BUDGET (s), SUITE_TIMEOUT (s), SKIP_PREFILL=1.
-# Run from the repo root on the device (torch and triton of the image, no install: PYTHONPATH=.);
-# results land in $OUT. Carry .whl (expecttest) for the test suite.
+# Everything that needs the H200, one step per device call, from the repository root; results
+# land in $OUT (default /tmp/mla_out). No install: torch and triton of the image, PYTHONPATH=.
+#   bash benchmarks/h200_session.sh test    # build _C in place, the GPU suite, python3 -m mla_ops
+#   bash benchmarks/h200_session.sh bench   # decode M1-M7 (feed, ceilings, FlashMLA if it imports)
+#                                           # and encoder P1-P8 (SDPA backends, ceilings)
+#   bash benchmarks/h200_session.sh tune    # the quick decode sweep (its table into the tree), bench
+#   bash benchmarks/h200_session.sh towers  # the ViT towers end to end
+# Env: MLA_OPS_COMMIT=<hash> (the copy on the device has no .git: the JSON's env.commit),
+# SWEEP_BUDGET (s, default 210), RESUME=<sweep log> (keep its measurements), SUITE_TIMEOUT (s).
+# Carry .whl (expecttest) for the test suite.
 set -u
-source "$(dirname "$0")/_device_env.sh"
+OUT=${OUT:-/tmp/mla_out}
+mkdir -p "$OUT"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+[ -n "${MLA_OPS_COMMIT:-}" ] || echo "note: MLA_OPS_COMMIT unset: the JSON's env.commit will be null"
 
-sweep() {
+test_() {
+  python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 \
+    || { echo "extension build failed:"; tail -20 "$OUT/build.log"; }
+  timeout "${SUITE_TIMEOUT:-330}" python3 -m pytest -q -n 8 tests 2>&1 | tee "$OUT/pytest.log" | tail -15
+  timeout 90 python3 -m mla_ops 2>&1 | tee "$OUT/main.log"
+}
+bench() {
+  timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
+    --json "$OUT/decode_verify.json" 2>&1 | tail -14
+  timeout 150 python3 benchmarks/benchmark_vit_prefill_attn.py --shape all --ceilings \
+    --json "$OUT/prefill.json" 2>&1 | tail -10
+}
+tune() {
   budget=${SWEEP_BUDGET:-210}
-  # RESUME=path/to/sweep_log.json: keep an earlier run's measurements, measure only what is new
   timeout $((budget + 60)) python3 benchmarks/sweep_decode_verify.py --quick --budget-s "$budget" \
     ${RESUME:+--resume "$RESUME"} --write "$OUT/sm_90.json" --log "$OUT/sweep_log.json" 2>&1 | tail -25
   if [ -s "$OUT/sm_90.json" ]; then cp "$OUT/sm_90.json" mla_ops/decode_verify/tables/sm_90.json; fi
+  bench
 }
-suite() {
-  python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || { echo "extension build failed:"; tail -20 /tmp/build.log; }
-  python3 -c "import mla_ops.library as L; print('mla_ops._C:', L.EXTENSION)"
-  timeout ${SUITE_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider -n 8 tests 2>&1 | tee "$OUT/pytest.log" | tail -15
-  timeout 90 python3 -m mla_ops 2>&1 | tee "$OUT/main.log"
-}
-benches() {
-  timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
-    --json "$OUT/decode_verify.json" 2>&1 | tail -12
-  if [ -z "${SKIP_PREFILL:-}" ]; then
-    timeout 120 python3 benchmarks/benchmark_vit_prefill_attn.py --shape all --ceilings \
-      --json "$OUT/prefill.json" 2>&1 | tail -10
-  fi
+towers() {
+  timeout 300 python3 benchmarks/vit_towers_e2e.py --images 4 --rep-ms 100 \
+    --json "$OUT/vit_towers_e2e.json" 2>&1 | tail -6
 }
 
 case "${1:-test}" in
-all)
-  sweep
-  suite
-  benches
-  ;;
-tune)
-  sweep
-  benches
-  ;;
-test)
-  suite
-  ;;
+test) test_ ;;
+bench) bench ;;
+tune) tune ;;
+towers) towers ;;
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers" >&2; exit 2 ;;
 esac
