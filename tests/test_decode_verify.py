@@ -1,35 +1,34 @@
-"""decode_attention_fwd_verify against the plain-PyTorch reference.
+"""decode_attention_fwd_verify against the float64 reference, by the tolerance rule of
+``tests/builders.py`` (kernel error <= K x the error of PyTorch in the kernel's dtype).
 
 Without a GPU the kernels run in Triton's interpreter on small shapes (fp32, fp16, fp8 -> fp16:
 the interpreter computes bf16 wrongly); ``@pytest.mark.gpu`` tests cover bf16/fp16/fp8 at
 serving shapes, split caps 1..16, warmup + capture with no compilation, and torch.compile.
-Outputs are poisoned with NaN before each call; inputs are random, never zeros.
+Inputs come from ``builders.decode_case``: random, never zeros, pages in a random order, outputs
+poisoned with NaN before each call. Bad arguments are ``tests/test_argument_rules.py``'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
+import itertools
 
 import pytest
 import torch
 
 import mla_ops  # noqa: F401  (registers torch.ops.mla)
 from mla_ops import platform
-from mla_ops.decode_verify import kernels
+from mla_ops.decode_verify import kernels, launch
 from mla_ops.decode_verify.launch import (
     _tma_descriptors,
-    select_verify_config,
-    _unit_scale,
     decode_attention_fwd_verify,
+    select_verify_config,
     warmup_decode_attention_fwd_verify,
 )
-from mla_ops.reference import decode_verify_ref
 
-SM_SCALE = 0.1352
+from builders import FP8, SM_SCALE, DecodeCase, decode_case
+
 # Small splits so that short interpreter sequences still cut into several splits.
 SMALL_SPLITS = {"BLOCK_N": 16, "SPLIT_ALIGN": 16, "MIN_SPLIT_LEN": 16}
-FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
 # The swap-AB variant (rows = the MMA's N) at the tile shapes Hopper would run it with; laid
 # over a case's own config, so small-split cases keep their small splits (and then have KV
 # blocks straddling split ends: masked tails).
@@ -42,117 +41,9 @@ SWAP = {
 }
 
 
-@dataclasses.dataclass
-class Case:
-    """A verify batch: tensors as an engine passes them."""
-
-    q: torch.Tensor
-    k_buffer: torch.Tensor
-    v_buffer: torch.Tensor
-    req_to_token: torch.Tensor
-    seq_lens: torch.Tensor
-    real_seq_lens: torch.Tensor | None
-    qlen: int
-    page_size: int
-    k_scale: torch.Tensor | None
-
-    @property
-    def Lv(self) -> int:
-        return self.v_buffer.shape[-1]
-
-    def outputs(self, num_kv_splits: int):
-        rows, heads = self.q.shape[:2]
-        o = torch.full((rows, heads, self.Lv), float("nan"), dtype=self.q.dtype, device=self.q.device)
-        lse = torch.full((rows, heads), float("nan"), dtype=torch.float32, device=self.q.device)
-        logits = None
-        if num_kv_splits > 1:
-            logits = torch.full((rows, heads, num_kv_splits, self.Lv + 1), float("nan"),
-                                dtype=torch.float32, device=self.q.device)
-        return o, lse, logits
-
-    def args(self, o, lse, logits, num_kv_splits):
-        return (self.q, self.k_buffer, self.v_buffer, o, lse, self.req_to_token, self.seq_lens,
-                self.real_seq_lens, self.qlen, logits, num_kv_splits, SM_SCALE, self.page_size,
-                self.k_scale)
-
-    def run(self, num_kv_splits: int, config=None):
-        o, lse, logits = self.outputs(num_kv_splits)
-        decode_attention_fwd_verify(*self.args(o, lse, logits, num_kv_splits), config=config)
-        return o, lse
-
-    def reference(self):
-        return decode_verify_ref(self.q, self.k_buffer, self.Lv, self.req_to_token, self.seq_lens,
-                                 self.real_seq_lens, self.qlen, SM_SCALE, self.page_size,
-                                 self.k_scale)
-
-
-def make_case(device, *, batch, heads, qlen, lens, page, Lv=64, rope=32, real=None,
-              dtype=torch.float32, cache_dtype=None, layout="4d", q_strided=False,
-              spare_pages=3, poison_past_end=False) -> Case:
-    """Random q and cache; pages of each request scattered over the cache in random order.
-
-    poison_past_end: every cache slot at or past its request's length (the rest of the last
-    page, the unused pages of the table, the spare pages) holds NaN, as a reused page can.
-    """
-    cache_dtype = cache_dtype or dtype
-    Lk = Lv + rope
-    pages_per_req = max(1, math.ceil(max(lens) / page))
-    num_pages = batch * pages_per_req + spare_pages
-    layers = 3 if layout == "cross" else 1
-    raw = torch.randn(num_pages, page, layers, Lk, device=device)
-    table = torch.randperm(num_pages, device=device)[: batch * pages_per_req]
-    if poison_past_end:
-        live = torch.zeros(num_pages, page, dtype=torch.bool, device=device)
-        for b, length in enumerate(lens):
-            for j, pg in enumerate(table[b * pages_per_req:(b + 1) * pages_per_req].tolist()):
-                live[pg, : max(0, min(page, length - j * page))] = True
-        raw[~live] = float("nan")
-    if cache_dtype == FP8:
-        k_scale = torch.tensor(0.37, device=device)
-        raw = (raw / 0.37).clamp(-200, 200).to(FP8)
-    else:
-        k_scale = None
-        raw = raw.to(cache_dtype)
-    if layout == "cross":  # layer 1 of a [pages, page, layers, Lk] cross-layer cache
-        k_buffer = raw[:, :, 1:2, :]
-    elif layout == "3d":
-        k_buffer = raw.reshape(num_pages * page, 1, Lk)
-    else:
-        k_buffer = raw
-    req_to_token = table.view(batch, pages_per_req).to(torch.int32)
-    q = torch.randn(batch * qlen, heads, Lk + (32 if q_strided else 0), device=device).to(dtype)
-    q = q[..., :Lk]
-    if q_strided:
-        assert not q.is_contiguous()
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
-    real_seq_lens = None if real is None else torch.tensor(real, dtype=torch.int32, device=device)
-    return Case(q, k_buffer, k_buffer[..., :Lv], req_to_token, seq_lens, real_seq_lens, qlen, page,
-                k_scale)
-
-
-def tolerances(dtype, cache_dtype):
-    if dtype == torch.float32:
-        return dict(atol=2e-5, rtol=2e-5), dict(atol=2e-5, rtol=2e-5)
-    if dtype == torch.float16:
-        return dict(atol=5e-3, rtol=1e-2), dict(atol=2e-3, rtol=1e-3)
-    return dict(atol=2e-2, rtol=2e-2), dict(atol=1e-2, rtol=1e-3)  # bf16
-
-
-def assert_matches(case: Case, o, lse, cache_dtype=None):
-    ref_o, ref_lse = case.reference()
-    assert not torch.isnan(o).any() and not torch.isnan(lse).any(), "NaN in the output"
-    o_tol, lse_tol = tolerances(case.q.dtype, cache_dtype)
-    torch.testing.assert_close(lse, ref_lse, **lse_tol)
-    torch.testing.assert_close(o.float(), ref_o, **o_tol)
-    # Rows without a key: exactly o = 0 and lse = -inf.
-    empty = torch.isinf(ref_lse)
-    assert torch.equal(torch.isinf(lse), empty)
-    assert (o[empty] == 0).all()
-
-
 # --- interpreter (CI) and GPU: small shapes -------------------------------------------------
 
-# (id, make_case kwargs, num_kv_splits, config override)
+# (id, decode_case kwargs, num_kv_splits, config override)
 SMALL_CASES = [
     ("B3-H4-q2-p16-fp32", dict(batch=3, heads=4, qlen=2, lens=(1, 37, 100), page=16), 1, None),
     ("B3-H4-q3-p1-fp16-3d-real", dict(batch=3, heads=4, qlen=3, lens=(2, 50, 129), real=(0, 50, 64),
@@ -169,6 +60,13 @@ SMALL_CASES = [
     ("B2-H4-q4-p16-fp32-below-qlen", dict(batch=2, heads=4, qlen=4, lens=(1, 3), page=16), 2, None),
     ("B2-H4-q2-p16-fp32-real0", dict(batch=2, heads=4, qlen=2, lens=(40, 40), real=(0, 17), page=16),
      3, SMALL_SPLITS),
+    # Peaky attention (scores of std 4): the running max jumps, so the rescaling is exercised.
+    ("B2-H4-q2-p16-fp16-peaky", dict(batch=2, heads=4, qlen=2, lens=(90, 170), page=16,
+                                     dtype=torch.float16, score_std=4.0), 3, SMALL_SPLITS),
+    ("B2-H2-q2-p16-fp16-16+16", dict(batch=2, heads=2, qlen=2, lens=(33, 70), page=16, Lv=16,
+                                     rope=16, dtype=torch.float16), 2, SMALL_SPLITS),
+    ("B2-H2-q2-p16-fp32-32+0", dict(batch=2, heads=2, qlen=2, lens=(33, 70), page=16, Lv=32,
+                                    rope=0), 2, SMALL_SPLITS),
 ]
 
 
@@ -176,27 +74,24 @@ SMALL_CASES = [
 @pytest.mark.parametrize("kw,splits,config", [c[1:] for c in SMALL_CASES],
                          ids=[c[0] for c in SMALL_CASES])
 def test_matches_reference(device, kw, splits, config, variant):
-    case = make_case(device, **kw)
+    case = decode_case(device, **kw)
     if variant != "plain":
         config = {**(config or {}), **SWAP[variant]}
     o, lse = case.run(splits, config)
-    assert_matches(case, o, lse, kw.get("cache_dtype"))
+    case.assert_matches(o, lse)
 
 
 @pytest.mark.parametrize("config", [None, SMALL_SPLITS, {**SMALL_SPLITS, "QSPLIT": 1, "BLOCK_H": 16},
                                     {**SMALL_SPLITS, **SWAP["swap-h32"]},
                                     {**SMALL_SPLITS, **SWAP["swap-h16"], "BLOCK_N": 32, "QSPLIT": 1}],
                          ids=["table", "small-splits", "qsplit-h16", "swap-h32", "swap-qsplit-h16"])
-def test_split_caps_agree(device, config):
-    """Every split cap gives the reference's answer (and each other's)."""
-    case = make_case(device, batch=2, heads=4, qlen=3, lens=(23, 150), page=16,
-                     dtype=torch.float32)
-    o1, lse1 = case.run(1, config)
-    assert_matches(case, o1, lse1)
-    for splits in (2, 3, 5, 8):
+def test_every_split_cap_matches_reference(device, config):
+    """Every split cap meets the rule on its own (fp32: within a few ulps of float64)."""
+    case = decode_case(device, batch=2, heads=4, qlen=3, lens=(23, 150), page=16,
+                       dtype=torch.float32)
+    for splits in (1, 2, 3, 5, 8):
         o, lse = case.run(splits, config)
-        torch.testing.assert_close(lse, lse1, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(o, o1, atol=1e-5, rtol=1e-5)
+        case.assert_matches(o, lse)
 
 
 # Launch features laid over a case's own config: K tiles by bulk tensor copies (TMA), the
@@ -226,19 +121,20 @@ FEATURE_CASES = [
 def test_launch_features_match_reference(device, kw, feature):
     """Each launch feature, with several splits and one, on a cache that is NaN past every
     request's end (the bulk copies read whole pages; only the masked tail may touch them)."""
-    case = make_case(device, poison_past_end=True, **kw)
+    case = decode_case(device, poison_past_end=True, **kw)
     config = {**SMALL_SPLITS, **FEATURES[feature]}
     with platform.mock_platform("sm_90", sm_count=1):
         if config.get("TMA"):
             # The bulk copy applies to 16-bit caches; fp8 ones keep the pointer path (slower
             # through TMA on the H200, see launch._tma_descriptors).
-            cfg = {**select_verify_config(2, case.qlen, case.q.shape[1]), **config}
+            cfg = launch.launch_config(case.batch, case.qlen, case.heads, case.k_buffer, case.Lv,
+                                       config)
             Lk, Lv = case.k_buffer.shape[-1], case.Lv
             desc = _tma_descriptors(case.k_buffer, case.page_size, Lk, Lv, cfg, platform.current())[0]
             assert (desc is None) == (kw.get("cache_dtype") == FP8), "TMA applied wrongly"
         for splits in (1, 3):
             o, lse = case.run(splits, config)
-            assert_matches(case, o, lse, kw.get("cache_dtype"))
+            case.assert_matches(o, lse)
 
 
 @pytest.mark.parametrize("why,kw,config", [
@@ -250,7 +146,7 @@ def test_launch_features_match_reference(device, kw, feature):
 def test_tma_falls_back_where_it_does_not_apply(device, why, kw, config):
     """Where a bulk tensor copy cannot describe the cache, the pointer path runs the same
     config (and stays right)."""
-    case = make_case(device, batch=2, heads=2, qlen=2, lens=(20, 40), **kw)
+    case = decode_case(device, batch=2, heads=2, qlen=2, lens=(20, 40), **kw)
     config = dict(config)
     pad = config.pop("pad_tokens", 0)
     if pad:  # the same cache in a wider buffer: token stride Lk + pad elements
@@ -259,32 +155,34 @@ def test_tma_falls_back_where_it_does_not_apply(device, why, kw, config):
         wide[..., :-pad] = case.k_buffer
         case.k_buffer, case.v_buffer = wide[..., :-pad], wide[..., :case.Lv]
     config = {"BLOCK_N": 16, "SPLIT_ALIGN": 16, "MIN_SPLIT_LEN": 16, "TMA": 1, **config}
-    cfg = {**select_verify_config(2, 2, 2), **config}
+    cfg = launch.launch_config(2, 2, 2, case.k_buffer, case.Lv, config)
     Lk, Lv = case.k_buffer.shape[-1], case.Lv
+    assert cfg["TMA"] == 1
     assert _tma_descriptors(case.k_buffer, case.page_size, Lk, Lv, cfg, platform.current()) == (None, None)
     o, lse = case.run(2, config)
-    assert_matches(case, o, lse)
+    case.assert_matches(o, lse)
 
 
 def test_poisoned_cache_pointer_path(device):
     """The pointer path's masked tail never lets NaN past a request's end into the output."""
-    case = make_case(device, batch=3, heads=4, qlen=2, lens=(1, 37, 100), page=16,
-                     poison_past_end=True)
+    case = decode_case(device, batch=3, heads=4, qlen=2, lens=(1, 37, 100), page=16,
+                       poison_past_end=True)
     for config, splits in ((None, 1), (SMALL_SPLITS, 4), ({**SMALL_SPLITS, **SWAP["swap-h32"]}, 3)):
         o, lse = case.run(splits, config)
-        assert_matches(case, o, lse)
+        case.assert_matches(o, lse)
 
 
 def test_op_matches_function_bitwise(device):
-    case = make_case(device, batch=2, heads=4, qlen=2, lens=(20, 77), page=16, dtype=torch.float16)
+    case = decode_case(device, batch=2, heads=4, qlen=2, lens=(20, 77), page=16,
+                       dtype=torch.float16)
     o_f, lse_f = case.run(2)
-    o_op, lse_op, logits = case.outputs(2)
-    torch.ops.mla.decode_verify(*case.args(o_op, lse_op, logits, 2))
+    o_op, lse_op = case.run(2, fn=torch.ops.mla.decode_verify)
     assert torch.equal(o_op, o_f) and torch.equal(lse_op, lse_f)
 
 
 def test_warmup_changes_no_visible_tensor(device):
-    case = make_case(device, batch=2, heads=4, qlen=2, lens=(20, 77), page=16, dtype=torch.float16)
+    case = decode_case(device, batch=2, heads=4, qlen=2, lens=(20, 77), page=16,
+                       dtype=torch.float16)
     o, lse, logits = case.outputs(3)
     for t in (o, lse, logits):
         t.copy_(torch.randn_like(t, dtype=torch.float32))
@@ -298,59 +196,37 @@ def test_warmup_changes_no_visible_tensor(device):
         assert torch.equal(b.view(torch.uint8), a.view(torch.uint8))
 
 
-def test_default_k_scale_made_once(device):
-    assert _unit_scale(torch.device(device)) is _unit_scale(torch.device(device))
-
-
-# --- bad input: the checks name the argument -----------------------------------------------
-
-
-def _bad(device, **changes):
-    case = make_case(device, batch=2, heads=4, qlen=2, lens=(5, 9), page=16)
-    o, lse, logits = case.outputs(2)
-    args = dict(zip(
-        ["q", "k_buffer", "v_buffer", "o", "lse", "req_to_token", "seq_lens", "real_seq_lens",
-         "qlen", "attn_logits", "num_kv_splits", "sm_scale", "page_size", "k_scale"],
-        case.args(o, lse, logits, 2),
-    ))
-    for k, fn in changes.items():
-        args[k] = fn(args)
-    return args
-
-
-BAD = [
-    ("q-int-dtype", TypeError, "q:", dict(q=lambda a: a["q"].to(torch.int32))),
-    ("lse-fp16", TypeError, "lse:", dict(lse=lambda a: a["lse"].half())),
-    ("Lk-not-Lv-plus-pow2", ValueError, "v_buffer:",
-     dict(v_buffer=lambda a: a["k_buffer"][..., :48])),
-    ("page-size-mismatch", ValueError, "page_size:", dict(page_size=lambda a: 32)),
-    ("rows-not-multiple-of-qlen", ValueError, "qlen:", dict(qlen=lambda a: 3)),
-    ("workspace-too-small", ValueError, "attn_logits:",
-     dict(attn_logits=lambda a: a["attn_logits"][:, :, :1], num_kv_splits=lambda a: 2)),
-    ("workspace-missing", ValueError, "attn_logits:", dict(attn_logits=lambda a: None)),
-    ("seq-lens-int64", TypeError, "seq_lens:", dict(seq_lens=lambda a: a["seq_lens"].long())),
-]
-
-
-@pytest.mark.parametrize("exc,name,changes", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_input_names_the_argument(device, exc, name, changes):
-    args = _bad(device, **changes)
-    with pytest.raises(exc, match=name):
-        decode_attention_fwd_verify(*args.values())
-    with pytest.raises(exc, match=name):
-        torch.ops.mla.decode_verify(*args.values())
-
-
-def test_mixed_devices_rejected(device):
-    args = _bad(device, seq_lens=lambda a: a["seq_lens"].to("meta"))
-    with pytest.raises(ValueError, match="seq_lens:"):
-        decode_attention_fwd_verify(*args.values())
+def test_fp8_cache_without_k_scale_is_unscaled(device):
+    """k_scale=None on an fp8 cache means a scale of 1 (the default the launcher makes once
+    per device, before any capture): the reference's answer for k_scale=None, not the case's
+    own 0.37."""
+    case = decode_case(device, batch=2, heads=4, qlen=2, lens=(45, 70), page=16,
+                       dtype=torch.float16, cache_dtype=FP8)
+    case.k_scale = None
+    o, lse = case.run(2, SMALL_SPLITS)
+    case.assert_matches(o, lse)
 
 
 def test_unknown_config_key_rejected(device):
-    case = make_case(device, batch=1, heads=4, qlen=2, lens=(5,), page=16)
-    with pytest.raises(ValueError, match="config"):
+    case = decode_case(device, batch=1, heads=4, qlen=2, lens=(5,), page=16)
+    with pytest.raises(ValueError, match=r"^config: unknown config keys \['BLOCK_M'\]"):
         case.run(1, {"BLOCK_M": 16})
+
+
+def test_unpipelined_swap_ab_refused_where_the_compiler_bug_applies(device):
+    """SWAP_AB with num_stages 1 miscompiles on CUDA with this triton: the launcher refuses it
+    (before any launch, o untouched) where the workaround is active, runs it elsewhere."""
+    case = decode_case(device, batch=1, heads=4, qlen=2, lens=(40,), page=16)
+    bad = {**SMALL_SPLITS, **SWAP["swap-h32"], "num_stages": 1}
+    args = case.op_args(2)
+    with platform.mock_platform("sm_90", interpret=False):
+        with pytest.raises(ValueError, match="^config: SWAP_AB with num_stages 1 is refused on "
+                                             "CUDA with this triton"):
+            decode_attention_fwd_verify(**args, config=bad)
+    assert args["o"].isnan().all()
+    if platform.interpreter_enabled():  # the interpreter has no such bug
+        o, lse = case.run(2, bad)
+        case.assert_matches(o, lse)
 
 
 # --- GPU ------------------------------------------------------------------------------------
@@ -380,6 +256,9 @@ GPU_SHAPES = [
      ("bf16", "fp8")),
     ("B2-H128-q2-p64-32k", dict(batch=2, heads=128, qlen=2, lens=(32000, 5), page=64), 8,
      ("bf16",)),
+    # Peaky attention (scores of std 4): the running max moves by large steps.
+    ("B2-H16-q2-p64-peaky", dict(batch=2, heads=16, qlen=2, lens=(17, 9000), page=64,
+                                 score_std=4.0), 4, ("bf16", "fp8")),
 ]
 GPU_PARAMS = [
     pytest.param(kw, splits, dt, id=f"{name}-{dt}")
@@ -412,22 +291,25 @@ GPU_SWAP_PARAMS = [
 ]
 
 
+def _gpu_case(device, dtype_name, **kw):
+    dtype, cache_dtype = GPU_DTYPES[dtype_name]
+    return decode_case(device, Lv=512, rope=64, dtype=dtype, cache_dtype=cache_dtype, **kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kw,splits,dtype_name", GPU_PARAMS)
 def test_gpu_matches_reference(device, kw, splits, dtype_name):
-    dtype, cache_dtype = GPU_DTYPES[dtype_name]
-    case = make_case(device, Lv=512, rope=64, dtype=dtype, cache_dtype=cache_dtype, **kw)
+    case = _gpu_case(device, dtype_name, **kw)
     o, lse = case.run(splits)
-    assert_matches(case, o, lse, cache_dtype)
+    case.assert_matches(o, lse)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kw,splits,dtype_name,config", GPU_SWAP_PARAMS)
 def test_gpu_swap_ab_matches_reference(device, kw, splits, dtype_name, config):
-    dtype, cache_dtype = GPU_DTYPES[dtype_name]
-    case = make_case(device, Lv=512, rope=64, dtype=dtype, cache_dtype=cache_dtype, **kw)
+    case = _gpu_case(device, dtype_name, **kw)
     o, lse = case.run(splits, config)
-    assert_matches(case, o, lse, cache_dtype)
+    case.assert_matches(o, lse)
 
 
 GPU_FEATURES = {
@@ -458,20 +340,18 @@ GPU_FEATURE_PARAMS = [
 def test_gpu_launch_features_match_reference(device, kw, splits, dtype_name, config):
     """TMA, the persistent grid and the column-split stage 2 at serving shapes, on a cache
     that is NaN past every request's end (page 1 falls back to the pointer path)."""
-    dtype, cache_dtype = GPU_DTYPES[dtype_name]
-    case = make_case(device, Lv=512, rope=64, dtype=dtype, cache_dtype=cache_dtype,
-                     poison_past_end=True, **kw)
+    case = _gpu_case(device, dtype_name, poison_past_end=True, **kw)
     for s in sorted({1, splits}):
         o, lse = case.run(s, config)
-        assert_matches(case, o, lse, cache_dtype)
+        case.assert_matches(o, lse)
 
 
 @pytest.mark.gpu
 def test_gpu_unpipelined_swap_ab_refused(device):
     """SWAP_AB with num_stages 1 gave wrong answers on the H200 (Triton 3.6): refused by name."""
-    case = make_case(device, batch=1, heads=16, qlen=2, lens=(300,), page=64, Lv=512, rope=64,
-                     dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="config: SWAP_AB"):
+    case = _gpu_case(device, "bf16", batch=1, heads=16, qlen=2, lens=(300,), page=64)
+    with pytest.raises(ValueError, match="^config: SWAP_AB with num_stages 1 is refused on CUDA "
+                                         "with this triton"):
         case.run(2, {**GPU_SWAP["swap-h32"], "num_stages": 1})
 
 
@@ -482,66 +362,112 @@ def test_gpu_features_capture_and_replay(device, feature):
     grid, the programmatic edge of PDL) replays right on new lengths, tables and queries."""
     config = GPU_FEATURES[feature]
     batch, heads, qlen, page, pages_per, splits = 4, 16, 2, 64, 24, 4
-    case = make_case(device, batch=batch, heads=heads, qlen=qlen, lens=(page * pages_per,) * batch,
-                     page=page, Lv=512, rope=64, dtype=torch.bfloat16, poison_past_end=False)
-    o, lse, logits = case.outputs(splits)
+    case = _gpu_case(device, "bf16", batch=batch, heads=heads, qlen=qlen,
+                     lens=(page * pages_per,) * batch, page=page)
+    args = case.op_args(splits)
     case.run(splits, config)  # compiles outside the capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        decode_attention_fwd_verify(*case.args(o, lse, logits, splits), config=config)
+        decode_attention_fwd_verify(**args, config=config)
     for _ in range(3):
         case.seq_lens.copy_(torch.randint(1, page * pages_per + 1, (batch,), device=device,
                                           dtype=torch.int32))
         case.req_to_token.copy_(case.req_to_token[torch.randperm(batch, device=device)])
-        case.q.normal_()
-        o.fill_(float("nan"))
-        lse.fill_(float("nan"))
+        case.q.copy_(torch.randn_like(case.q) * case.q.std())
+        args["o"].fill_(float("nan"))
+        args["lse"].fill_(float("nan"))
         g.replay()
-        assert_matches(case, o, lse)
+        case.assert_matches(args["o"], args["lse"])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [None, GPU_SWAP["swap-h32"]], ids=["table", "swap-h32"])
 @pytest.mark.parametrize("qlen", [1, 4])
-def test_gpu_every_split_cap_agrees(device, qlen, config):
-    case = make_case(device, batch=3, heads=16, qlen=qlen, lens=(7, 2500, 9000), real=(7, 2500, 8000),
-                     page=64, Lv=512, rope=64, dtype=torch.bfloat16)
-    o1, lse1 = case.run(1, config)
-    assert_matches(case, o1, lse1)
-    for splits in range(2, 17):
+def test_gpu_every_split_cap_matches_reference(device, qlen, config):
+    case = _gpu_case(device, "bf16", batch=3, heads=16, qlen=qlen, lens=(7, 2500, 9000),
+                     real=(7, 2500, 8000), page=64)
+    for splits in range(1, 17):
         o, lse = case.run(splits, config)
-        torch.testing.assert_close(lse, lse1, atol=1e-3, rtol=1e-4)
-        torch.testing.assert_close(o, o1, atol=2e-2, rtol=2e-2)
+        case.assert_matches(o, lse)
 
 
-def _compilations():
-    """A counter of Triton compilations of the verify kernels (hook + cache sizes)."""
-    import triton
+@pytest.mark.gpu
+def test_gpu_default_k_scale_made_before_capture(device, monkeypatch):
+    """The default k_scale (an fp32 1.0 per device) cannot be made inside a capture (it would
+    only be filled at replay): a capture before any eager call or warmup on that device is
+    refused by name; after the warmup the same capture runs and replays right."""
+    monkeypatch.setattr(launch, "_UNIT_SCALE", {})  # as in a fresh process
+    case = _gpu_case(device, "fp8", batch=2, heads=16, qlen=2, lens=(300, 1000), page=64)
+    case.k_scale = None
+    args = case.op_args(2)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="^k_scale: the default k_scale is created on first "
+                                           "use and cannot be made during a graph capture"):
+        with torch.cuda.graph(g):
+            torch.ops.mla.decode_verify(**args)
+    torch.cuda.synchronize()
+    warmup_decode_attention_fwd_verify(args["q"], args["k_buffer"], args["o"], args["lse"],
+                                       args["req_to_token"], False, [2], args["attn_logits"],
+                                       SM_SCALE, case.page_size)
+    assert list(launch._UNIT_SCALE) == [args["q"].device]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.ops.mla.decode_verify(**args)
+    g.replay()
+    case.assert_matches(args["o"], args["lse"])
 
-    count = {"hook": 0}
 
-    def hook(*args, **kwargs):
-        count["hook"] += 1
-        return None
+class _CompileCounter:
+    """Counts Triton compilations (JIT cache misses) through ``knobs.runtime.
+    jit_post_compile_hook``, which triton 3.6 calls after every compile (warm disk cache or
+    not), and the in-process caches of the verify kernels (``JITFunction.device_caches[dev][0]``).
+    Refuses to run where either mechanism is missing, rather than counting nothing."""
 
-    knobs = getattr(triton, "knobs", None)
-    prev = None
-    if knobs is not None and hasattr(knobs.runtime, "jit_post_compile_hook"):
-        prev = knobs.runtime.jit_post_compile_hook
-        knobs.runtime.jit_post_compile_hook = hook
+    def __init__(self):
+        import triton
 
-    def cache_size():
+        knobs = getattr(triton, "knobs", None)
+        if knobs is None or not hasattr(knobs.runtime, "jit_post_compile_hook"):
+            raise RuntimeError(f"triton {triton.__version__} has no knobs.runtime."
+                               "jit_post_compile_hook: this test cannot count compilations")
+        for fn in (kernels._fwd_verify_stage1, kernels._fwd_verify_stage2):
+            if not isinstance(getattr(fn, "device_caches", None), dict):
+                raise RuntimeError(f"{fn}: no JITFunction.device_caches to count compiled "
+                                   "variants in (the interpreter, or another triton)")
+        self.knobs, self.hooked = knobs, 0
+
+    def __enter__(self):
+        self.prev = self.knobs.runtime.jit_post_compile_hook
+
+        def hook(*args, **kwargs):
+            self.hooked += 1
+            if self.prev is not None:
+                return self.prev(*args, **kwargs)
+            return None
+
+        self.knobs.runtime.jit_post_compile_hook = hook
+        return self
+
+    def __exit__(self, *exc):
+        self.knobs.runtime.jit_post_compile_hook = self.prev
+
+    @staticmethod
+    def cached() -> int:
         n = 0
         for fn in (kernels._fwd_verify_stage1, kernels._fwd_verify_stage2):
-            for entry in getattr(fn, "device_caches", {}).values():
-                n += len(entry[0]) if isinstance(entry, tuple) else 0
+            for entry in fn.device_caches.values():
+                n += len(entry[0])
         return n
 
-    def restore():
-        if knobs is not None and hasattr(knobs.runtime, "jit_post_compile_hook"):
-            knobs.runtime.jit_post_compile_hook = prev
 
-    return count, cache_size, restore
+_FRESH = itertools.count()
+
+
+def _compile_a_fresh_variant(device):
+    """One launch of a variant no other test compiles (a stage-2 tile of its own)."""
+    s2 = (2, 4, 32, 64)[next(_FRESH) % 4]
+    case = _gpu_case(device, "bf16", batch=1, heads=16, qlen=2, lens=(700,), page=64)
+    case.run(3, {"S2_BLOCK_S": s2, "s2_num_warps": 1, "BLOCK_N": 32, "MIN_SPLIT_LEN": 64})
 
 
 @pytest.mark.gpu
@@ -549,14 +475,12 @@ def _compilations():
 def test_gpu_warmup_then_capture_compiles_nothing(device, fp8, qlens):
     heads, batch, splits, pages_per = 16, 8, 4, 40
     page = 64
-    cache_dtype = FP8 if fp8 else None
-    base = make_case(device, batch=batch, heads=heads, qlen=4, lens=(page * pages_per,) * batch,
-                     page=page, Lv=512, rope=64, dtype=torch.bfloat16, cache_dtype=cache_dtype,
-                     layout="cross")
+    base = _gpu_case(device, "fp8" if fp8 else "bf16", batch=batch, heads=heads, qlen=4,
+                     lens=(page * pages_per,) * batch, page=page, layout="cross")
     k_buffer = base.k_buffer
     k_scale = None  # fp8 without k_scale uses the cached default (created by the warmup)
     max_rows = batch * max(qlens)
-    q_all = torch.randn(max_rows, heads, 576, device=device, dtype=torch.bfloat16)
+    q_all = torch.randn(max_rows, heads, 576, device=device, dtype=torch.bfloat16) * 0.3
     o_all = torch.empty(max_rows, heads, 512, device=device, dtype=torch.bfloat16)
     lse_all = torch.empty(max_rows, heads, device=device, dtype=torch.float32)
     logits = torch.empty(max_rows, heads, splits, 513, device=device, dtype=torch.float32)
@@ -566,10 +490,16 @@ def test_gpu_warmup_then_capture_compiles_nothing(device, fp8, qlens):
     warmup_decode_attention_fwd_verify(q_all, k_buffer, o_all, lse_all, table, True, qlens, logits,
                                        SM_SCALE, page, k_scale)
 
-    count, cache_size, restore = _compilations()
-    try:
-        graphs = {}
-        before = cache_size()
+    # The counter counts: a variant nobody compiled yet shows in both of its measures.
+    with _CompileCounter() as probe:
+        before = probe.cached()
+        _compile_a_fresh_variant(device)
+        assert probe.hooked >= 1 and probe.cached() > before, \
+            "the compile counter missed a fresh compilation"
+
+    graphs = {}
+    with _CompileCounter() as count:
+        before = count.cached()
         for qlen in qlens:
             rows = batch * qlen
             table.copy_(base.req_to_token[:, :pages_per])
@@ -583,9 +513,7 @@ def test_gpu_warmup_then_capture_compiles_nothing(device, fp8, qlens):
                 with torch.cuda.graph(g):
                     torch.ops.mla.decode_verify(*args)
                 graphs[(qlen, num_splits)] = (g, args)
-        assert count["hook"] == 0 and cache_size() == before, "a capture compiled a kernel"
-    finally:
-        restore()
+        assert count.hooked == 0 and count.cached() == before, "a capture compiled a kernel"
 
     for (qlen, num_splits), (g, args) in graphs.items():
         for trial in range(2):
@@ -595,15 +523,15 @@ def test_gpu_warmup_then_capture_compiles_nothing(device, fp8, qlens):
                                                          dtype=torch.int32)))
             table.copy_(torch.randperm(base.req_to_token.numel(), device=device)[: batch * pages_per]
                         .remainder(k_buffer.shape[0]).view(batch, pages_per).int())
-            q_all.normal_()
+            q_all.normal_(std=0.3)
             o_all.fill_(float("nan"))
             lse_all.fill_(float("nan"))
             g.replay()
             rows = batch * qlen
             # k_scale None: the kernel used the cached unit default, as the reference does.
-            case = Case(q_all[:rows], k_buffer, k_buffer[..., :512], table, seq_lens, real, qlen,
-                        page, None)
-            assert_matches(case, o_all[:rows], lse_all[:rows], cache_dtype)
+            case = DecodeCase(q_all[:rows], k_buffer, k_buffer[..., :512], table, seq_lens, real,
+                              qlen, page, None)
+            case.assert_matches(o_all[:rows], lse_all[:rows])
 
 
 @pytest.mark.gpu
@@ -611,9 +539,8 @@ def test_gpu_warmup_then_capture_compiles_nothing(device, fp8, qlens):
 def test_gpu_torch_compile(device, mode):
     torch._dynamo.reset()
     heads, qlen, splits, page = 16, 2, 4, 64
-    case = make_case(device, batch=4, heads=heads, qlen=qlen, lens=(100, 2000, 3000, 129), page=page,
-                     Lv=512, rope=64, dtype=torch.bfloat16)
-    ref = case.reference()
+    case = _gpu_case(device, "bf16", batch=4, heads=heads, qlen=qlen, lens=(100, 2000, 3000, 129),
+                     page=page)
 
     def step(q, k_buffer, req_to_token, seq_lens):
         o = torch.empty(q.shape[0], heads, 512, dtype=q.dtype, device=q.device)
@@ -626,11 +553,8 @@ def test_gpu_torch_compile(device, mode):
     compiled = torch.compile(step, fullgraph=True, mode=mode)
     for _ in range(3):  # warm-up, record, replay under reduce-overhead
         o, lse = compiled(case.q, case.k_buffer, case.req_to_token, case.seq_lens)
-        torch.testing.assert_close(lse, ref[1], atol=1e-2, rtol=1e-3)
-        torch.testing.assert_close(o.float(), ref[0], atol=2e-2, rtol=2e-2)
+        case.assert_matches(o, lse)
     # New lengths reach the kernel through the same graph.
     case.seq_lens.copy_(torch.tensor([3000, 7, 64, 1], dtype=torch.int32, device=device))
-    ref = case.reference()
     o, lse = compiled(case.q, case.k_buffer, case.req_to_token, case.seq_lens)
-    torch.testing.assert_close(lse, ref[1], atol=1e-2, rtol=1e-3)
-    torch.testing.assert_close(o.float(), ref[0], atol=2e-2, rtol=2e-2)
+    case.assert_matches(o, lse)
