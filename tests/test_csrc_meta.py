@@ -7,12 +7,15 @@ ADInplaceOrView kernels) when it is built, ``torch.library.custom_op`` when it i
 - the schemas of both sides, pinned and equal;
 - a process that loads only the compiled library (no ``import mla_ops``) runs each op on meta
   tensors, gets a clear error for a bad shape, and runs an exported program on meta tensors;
-- the C++ Meta kernels raise what ``mla_ops.checks`` raises (type and message), bad input by
-  bad input, and trace dynamic shapes without recompiling;
+- the C++ Meta kernels (generated from ``mla_ops/spec.py`` at build time) raise what the
+  Python checks compiled from the same spec raise (``library.CHECKS``: type and message), bad
+  input by bad input, and trace dynamic shapes without recompiling;
 - this process (C++ side when built) and a ``MLA_OPS_NO_EXT=1`` subprocess (pure Python) agree
   on everything observable: schemas, tags, opcheck, torch.compile, fake-mode errors, the
   inference-only error, version bumps, and running the same saved torch.export program;
-- setup.py falls back to a pure-Python build when the compiler fails.
+- setup.py builds the library from the spec and says so, falls back to a pure-Python build
+  when the compiler fails, and records which in ``_C.status``; ``library.EXTENSION_STATUS``
+  reports it in one line.
 
 Tests that need the built library skip when it is absent; the pure-Python ones always run.
 """
@@ -32,7 +35,9 @@ import pytest
 import torch
 
 import mla_ops  # noqa: F401  (registers torch.ops.mla)
-from mla_ops import _ext, checks, library
+from mla_ops import _ext, library, spec
+
+from builders import decode_case, encoder_case, to_meta
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SO = _ext.library_path()  # the built library, whether or not this process loaded it
@@ -44,11 +49,7 @@ needs_loaded = pytest.mark.skipif(
 )
 
 OPS = tuple(library.SCHEMAS)
-CHECKS = {
-    "decode_verify": checks.check_decode_verify,
-    "warmup_decode_verify": checks.check_warmup_decode_verify,
-    "context_attention": checks.check_context_attention,
-}
+CHECKS = library.CHECKS  # the Python side: compiled from mla_ops/spec.py
 
 
 def _run(code_or_args, env=None, timeout=120, cwd=ROOT) -> dict:
@@ -79,63 +80,25 @@ def _reference_kernels():
             os.environ["TRITON_INTERPRET"] = saved
 
 
-# --- valid arguments, as keyword dicts (the schema's names) ---------------------------------
+# --- valid arguments, as keyword dicts (the schema's names), from tests/builders.py ----------
 
 
-def _tensor(shape, dtype=torch.float32, device="cpu", *, ints_below=None):
-    if device == "meta":
-        return torch.empty(shape, dtype=dtype, device="meta")
-    if ints_below is not None:
-        return torch.randint(0, ints_below, shape, dtype=dtype)
-    return torch.randn(shape).to(dtype)
+def decode_verify_args(device="cpu", *, B=2, Lv=32, rope=32, splits=1):
+    """B requests of 2 verify tokens, 4 heads, Lk = Lv + rope, pages of 16, lengths below 32."""
+    lens = (20, 31) if B == 2 else tuple((7 * i + 3) % 31 + 1 for i in range(B))
+    case = decode_case("cpu", batch=B, heads=4, qlen=2, lens=lens, page=16, Lv=Lv, rope=rope)
+    return case.meta_args(splits) if device == "meta" else case.op_args(splits)
 
 
-def decode_verify_args(device="cpu", *, B=2, qlen=2, H=4, Lk=64, Lv=32, page=16, splits=1):
-    pages = max(8, 3 * B)
-    k_buffer = _tensor((pages, page, 1, Lk), device=device)
-    seq_lens = (torch.tensor([20, 37], dtype=torch.int32) if device != "meta" and B == 2
-                else _tensor((B,), torch.int32, device, ints_below=2 * page))
-    return dict(
-        q=_tensor((B * qlen, H, Lk), device=device),
-        k_buffer=k_buffer,
-        v_buffer=k_buffer[..., :Lv],
-        o=_tensor((B * qlen, H, Lv), device=device),
-        lse=_tensor((B * qlen, H), device=device),
-        req_to_token=(torch.randperm(pages, dtype=torch.int32)[: B * 3].view(B, 3)
-                      if device != "meta" else _tensor((B, 3), torch.int32, device)),
-        seq_lens=seq_lens,
-        real_seq_lens=None,
-        qlen=qlen,
-        attn_logits=_tensor((B * qlen, H, splits, Lv + 1), device=device) if splits > 1 else None,
-        num_kv_splits=splits,
-        sm_scale=0.1352,
-        page_size=page,
-        k_scale=None,
-    )
-
-
-def warmup_args(device="cpu"):
-    a = decode_verify_args(device, splits=2)
-    return dict(q=a["q"], k_buffer=a["k_buffer"], o=a["o"], lse=a["lse"],
-                req_to_token=a["req_to_token"], has_real=True, qlens=[1, 2],
-                attn_logits=a["attn_logits"], sm_scale=0.1352, page_size=16, k_scale=None)
+def warmup_args(device="cpu", *, Lv=32, rope=32):
+    case = decode_case("cpu", batch=2, heads=4, qlen=2, lens=(20, 31), page=16, Lv=Lv, rope=rope)
+    args = case.warmup_args(qlens=(1, 2), num_kv_splits=2)
+    return to_meta(args) if device == "meta" else args
 
 
 def context_args(device="cpu", *, H=4, Hkv=2, D=32):
-    lens = (5, 9)
-    total = sum(lens)
-    return dict(
-        q=_tensor((total, H, D), device=device),
-        k=_tensor((total, Hkv, D), device=device),
-        v=_tensor((total, Hkv, D), device=device),
-        o=_tensor((total, H, D), device=device),
-        b_start_loc=(torch.tensor([0, lens[0]], dtype=torch.int32) if device != "meta"
-                     else _tensor((2,), torch.int32, device)),
-        b_seq_len=(torch.tensor(lens, dtype=torch.int32) if device != "meta"
-                   else _tensor((2,), torch.int32, device)),
-        max_input_len=max(lens),
-        is_causal=True,
-    )
+    case = encoder_case("cpu", lens=(5, 9), hq=H, hkv=Hkv, d=D, dtype=torch.float32)
+    return case.meta_args() if device == "meta" else case.op_args()
 
 
 VALID = {"decode_verify": decode_verify_args, "warmup_decode_verify": warmup_args,
@@ -151,7 +114,7 @@ def _m(*shape, dtype=torch.float32):
 
 FP8 = torch.float8_e4m3fn
 BAD = [
-    # decode_verify: one case per check, in the order checks.py makes them
+    # decode_verify: one case per rule, in the order spec.py declares them
     ("dv-q-rank", "decode_verify", lambda a: {"q": a["q"][0]}),
     ("dv-q-dtype", "decode_verify", lambda a: {"q": a["q"].int()}),
     ("dv-cache-rank", "decode_verify", lambda a: {"k_buffer": a["k_buffer"][0, 0]}),
@@ -199,6 +162,27 @@ BAD = [
     ("dv-k-scale-dtype", "decode_verify", lambda a: {"k_scale": _m(1, dtype=torch.float16)}),
     ("dv-k-scale-shape", "decode_verify", lambda a: {"k_scale": _m(2)}),
     ("dv-device", "decode_verify", lambda a: {"seq_lens": torch.zeros(2, dtype=torch.int32)}),
+    # the always-on rules of the spec: index tensors with a contiguous last dim
+    ("dv-table-strided", "decode_verify",
+     lambda a: {"req_to_token": _m(2, 4, dtype=torch.int32)[:, ::2]}),
+    ("dv-seq-lens-strided", "decode_verify",
+     lambda a: {"seq_lens": _m(4, dtype=torch.int32)[::2]}),
+    ("dv-real-seq-lens-strided", "decode_verify",
+     lambda a: {"real_seq_lens": _m(4, dtype=torch.int32)[::2]}),
+    # sm_scale finite and > 0 (the message prints it as Python's repr does)
+    *[(f"dv-sm-scale-{v}", "decode_verify", (lambda v: lambda a: {"sm_scale": v})(v))
+      for v in (float("nan"), float("inf"), float("-inf"), 0.0, -0.1, -1e-05, -1e20)],
+    # head dims: Lv a power of two in [16, 512], rope 0 or a power of two in [16, 128]
+    *[(f"dv-Lv{lv}-rope{rope}", "decode_verify",
+       (lambda lv, rope: lambda a: decode_verify_args("meta", Lv=lv, rope=rope))(lv, rope))
+      for lv, rope in ((1, 32), (3, 32), (8, 32), (8, 8), (8, 0), (64, 1), (64, 3), (64, 8),
+                       (1024, 64), (512, 256), (48, 16))],
+    # context parallelism
+    ("dv-cp-world-0", "decode_verify", lambda a: {"cp_world": 0}),
+    ("dv-cp-rank-negative", "decode_verify", lambda a: {"cp_rank": -1}),
+    ("dv-cp-rank-1-of-1", "decode_verify", lambda a: {"cp_rank": 1}),
+    ("dv-cp-rank-2-of-2", "decode_verify", lambda a: {"cp_world": 2, "cp_rank": 2}),
+    ("dv-cp-interleave-0", "decode_verify", lambda a: {"cp_interleave": 0}),
     # warmup_decode_verify
     ("wu-fp8-cache-ok-then-o-heads", "warmup_decode_verify",
      lambda a: {"k_buffer": _m(8, 16, 1, 64, dtype=FP8), "o": _m(4, 3, 32)}),
@@ -211,6 +195,16 @@ BAD = [
     ("wu-workspace-dtype", "warmup_decode_verify",
      lambda a: {"attn_logits": _m(4, dtype=torch.float16)}),
     ("wu-device", "warmup_decode_verify", lambda a: {"lse": torch.zeros(4, 4)}),
+    ("wu-table-strided", "warmup_decode_verify",
+     lambda a: {"req_to_token": _m(2, 4, dtype=torch.int32)[:, ::2]}),
+    *[(f"wu-sm-scale-{v}", "warmup_decode_verify", (lambda v: lambda a: {"sm_scale": v})(v))
+      for v in (float("nan"), float("inf"), 0.0, -2.5)],
+    *[(f"wu-Lv{lv}-rope{rope}", "warmup_decode_verify",
+       (lambda lv, rope: lambda a: warmup_args("meta", Lv=lv, rope=rope))(lv, rope))
+      for lv, rope in ((8, 32), (1024, 64), (64, 8), (1, 0))],
+    ("wu-cp-world-0", "warmup_decode_verify", lambda a: {"cp_world": 0}),
+    ("wu-cp-rank-3-of-2", "warmup_decode_verify", lambda a: {"cp_world": 2, "cp_rank": 3}),
+    ("wu-cp-interleave-0", "warmup_decode_verify", lambda a: {"cp_interleave": 0}),
     # context_attention
     ("ca-q-rank", "context_attention", lambda a: {"q": a["q"][0]}),
     ("ca-k-dtype", "context_attention", lambda a: {"k": a["k"].half()}),
@@ -227,6 +221,16 @@ BAD = [
     ("ca-sinks-shape", "context_attention", lambda a: {"sinks": _m(3)}),
     ("ca-sinks-dtype", "context_attention", lambda a: {"sinks": _m(4, dtype=torch.int32)}),
     ("ca-device", "context_attention", lambda a: {"b_seq_len": torch.tensor([5, 9])}),
+    ("ca-starts-strided", "context_attention",
+     lambda a: {"b_start_loc": _m(4, dtype=torch.int32)[::2]}),
+    ("ca-lens-strided", "context_attention",
+     lambda a: {"b_seq_len": _m(4, dtype=torch.int64)[::2]}),
+    ("ca-sinks-strided", "context_attention", lambda a: {"sinks": _m(8)[::2]}),
+    *[(f"ca-softmax-scale-{v}", "context_attention",
+       (lambda v: lambda a: {"softmax_scale": v})(v))
+      for v in (float("nan"), float("inf"), float("-inf"), 0.0, -0.5, -1e-05)],
+    *[(f"ca-D{d}", "context_attention", (lambda d: lambda a: context_args("meta", D=d))(d))
+      for d in (1, 3, 8, 15, 257, 512)],
 ]
 
 
@@ -263,7 +267,24 @@ ONLY_LIBRARY = textwrap.dedent(r"""
                              True, [1, 2], m(4, 4, 2, 33), 0.1, 16)
     mla.context_attention(m(14, 4, 32), m(14, 2, 32), m(14, 2, 32), m(14, 4, 32),
                           m(2, dtype=i32), m(2, dtype=i32), 9)
+    mla.decode_verify(m(4, 4, 64), cache, cache[..., :32], m(4, 4, 32), m(4, 4),
+                      m(2, 3, dtype=i32), m(2, dtype=i32), None, 2, None, 1, 0.1, 16, None, 1, 0,
+                      1)
     out["meta_calls"] = "ok"
+    # The spec's always-on rules are in the C++ Meta kernels too.
+    out["bad_rules"] = []
+    for kw in ({"sm_scale": float("nan")}, {"seq_lens": m(4, dtype=i32)[::2]},
+               {"cp_world": 2, "cp_rank": 2}):
+        args = dict(q=m(4, 4, 64), k_buffer=cache, v_buffer=cache[..., :32], o=m(4, 4, 32),
+                    lse=m(4, 4), req_to_token=m(2, 3, dtype=i32), seq_lens=m(2, dtype=i32),
+                    real_seq_lens=None, qlen=2, attn_logits=None, num_kv_splits=1, sm_scale=0.1,
+                    page_size=16)
+        args.update(kw)
+        try:
+            mla.decode_verify(**args)
+            out["bad_rules"].append(None)
+        except Exception as e:
+            out["bad_rules"].append([type(e).__name__, str(e)])
     # A bad shape: o one column short.
     try:
         mla.decode_verify(m(4, 4, 64), cache, cache[..., :32], m(4, 4, 31), m(4, 4),
@@ -316,8 +337,8 @@ class TestSchemas(expecttest.TestCase):
         self.assertExpectedInline(
             "\n".join(f"mla::{name}{schema}" for name, schema in library.SCHEMAS.items()),
             """\
-mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None) -> ()
-mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None) -> ()
+mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
+mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
 mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()""",
         )
 
@@ -327,8 +348,8 @@ mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_star
         self.assertExpectedInline(
             "\n".join(cpp["schemas"][name] for name in OPS),
             """\
-mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None) -> ()
-mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None) -> ()
+mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
+mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
 mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()""",
         )
         for name in OPS:
@@ -344,6 +365,12 @@ def test_only_library_runs_meta_and_rejects_bad_shape(only_library):
     assert only_library["meta_calls"] == "ok"
     assert only_library["bad_shape"] == ["ValueError",
                                          "o: expected shape (4, 4, 32), got (4, 4, 31)"]
+    assert only_library["bad_rules"] == [
+        ["ValueError", "sm_scale: expected a finite positive float, got nan"],
+        ["ValueError", "seq_lens: the last dimension must be contiguous (stride 1), got strides "
+                       "(2,)"],
+        ["ValueError", "cp_rank: expected 0 <= cp_rank < cp_world=2, got 2"],
+    ]
     # Device kernels come from `import mla_ops`; the dispatcher says so for CPU tensors.
     assert only_library["cpu_call"] == "NotImplementedError"
 
@@ -453,7 +480,8 @@ def mode_report(program: str | None = None, data: str | None = None) -> dict:
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    report: dict = {"extension": library.EXTENSION is not None}
+    report: dict = {"extension": library.EXTENSION is not None,
+                    "status": library.EXTENSION_STATUS}
     report["schemas"] = {n: str(getattr(torch.ops.mla, n).default._schema) for n in OPS}
     report["tags"] = {n: sorted(str(t) for t in getattr(torch.ops.mla, n).default.tags)
                       for n in OPS}
@@ -466,8 +494,8 @@ def mode_report(program: str | None = None, data: str | None = None) -> dict:
         # opcheck: Lv == Lk where aot_dispatch runs the kernel on copies of the inputs (a copy
         # of a narrower view is no view of the cache), and the strided view without it.
         cases = {
-            "decode_verify-split1": (decode_verify_args(Lv=64), "all"),
-            "decode_verify-split2": (decode_verify_args(Lv=64, splits=2), "all"),
+            "decode_verify-split1": (decode_verify_args(Lv=64, rope=0), "all"),
+            "decode_verify-split2": (decode_verify_args(Lv=64, rope=0, splits=2), "all"),
             "decode_verify-view": (decode_verify_args(), ("test_schema", "test_faketensor")),
             "warmup_decode_verify": (warmup_args(), "all"),
             "context_attention": (context_args(), "all"),
@@ -496,12 +524,26 @@ def mode_report(program: str | None = None, data: str | None = None) -> dict:
             fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
                     for k, v in decode_verify_args().items()}
             torch.ops.mla.decode_verify(**fake)
+            fake_lse = fake["lse"]
             fake["lse"] = torch.empty(4, 3)
             try:
                 torch.ops.mla.decode_verify(**fake)
                 report["fake_error"] = None
             except ValueError as e:
                 report["fake_error"] = str(e)
+            # ... and so do the spec's always-on rules (messages as the C++ side words them).
+            report["fake_rule_errors"] = []
+            for change in ({"sm_scale": float("inf")}, {"cp_interleave": 0},
+                           {"seq_lens": mode.from_tensor(torch.zeros(4, dtype=torch.int32))[::2]},
+                           {"q": mode.from_tensor(torch.zeros(4, 4, 8)),
+                            "k_buffer": mode.from_tensor(torch.zeros(8, 16, 1, 8)),
+                            "v_buffer": mode.from_tensor(torch.zeros(8, 16, 1, 8))[..., :4],
+                            "o": mode.from_tensor(torch.zeros(4, 4, 4))}):
+                try:
+                    torch.ops.mla.decode_verify(**{**fake, "lse": fake_lse, **change})
+                    report["fake_rule_errors"].append(None)
+                except (ValueError, TypeError) as e:
+                    report["fake_rule_errors"].append(str(e))
 
         # torch.compile(fullgraph=True, dynamic=True) matches eager, one frame for two batches.
         def step(q, k_buffer, req_to_token, seq_lens):
@@ -544,6 +586,13 @@ def _check_report(report: dict) -> None:
     )
     assert report["o_version_bumped"]
     assert report["fake_error"] == "lse: expected shape (4, 4), got (4, 3)"
+    assert report["fake_rule_errors"] == [
+        "sm_scale: expected a finite positive float, got inf",
+        "cp_interleave: expected an int >= 1, got 0",
+        "seq_lens: the last dimension must be contiguous (stride 1), got strides (2,)",
+        "v_buffer: expected Lk = Lv + rope with Lv a power of two in [16, 512] and rope 0 or a "
+        "power of two in [16, 128] (576 = 512 + 64), got Lk=8, Lv=4",
+    ]
     assert report["compile"] == {"matches_eager": [True, True], "frames": 1}
     assert report["program_matches"] == [True, True, True]
 
@@ -568,26 +617,16 @@ def test_pure_python_mode_subprocess(pure_python):
 @needs_loaded
 def test_both_modes_agree(this_process, pure_python):
     differ = {k for k in this_process if this_process[k] != pure_python[k]}
-    assert differ == {"extension"}
+    assert differ == {"extension", "status"}
 
 
-# Library.impl as older torch has it: 2.8 to 2.12 refuse to override another Python Library's
-# kernel unless allow_override=True; before 2.8 there is no switch.
+# Library.impl as torch 2.8 to 2.12 have it: they refuse to override another Python Library's
+# kernel unless allow_override=True (torch 2.13 allows it; before 2.8 is not supported).
 OLDER_LIBRARY_IMPL = {
     "torch-2.8-to-2.12": textwrap.dedent("""
         def impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, allow_override=False):
             return orig(self, op_name, fn, dispatch_key, with_keyset=with_keyset,
                         allow_override=allow_override)
-    """),
-    "torch-before-2.8": textwrap.dedent("""
-        def impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, **torch_internal):
-            name = op_name if isinstance(op_name, str) else op_name.name()
-            key = f"{self.ns}/{name.split('::')[-1]}/{dispatch_key}"
-            if key in torch.library._impls and not torch_internal.get("allow_override"):
-                raise RuntimeError("This is not allowed since there's already a kernel "
-                                   "registered from python overriding")
-            return orig(self, op_name, fn, dispatch_key, with_keyset=with_keyset,
-                        allow_override=True)
     """),
 }
 
@@ -616,52 +655,121 @@ def test_pure_python_mode_imports_with_older_library_impl(torch_version):
     assert out["error"].startswith("mla::context_attention is inference-only")
 
 
-def test_a_library_that_does_not_load_falls_back_to_pure_python(tmp_path):
-    """A _C built against another torch (undefined symbols) warns and leaves pure Python."""
+def _package_copy(tmp_path, status: str | None = None):
+    """This package without its built library (and with ``status`` as its build record)."""
     shutil.copytree(os.path.join(ROOT, "mla_ops"), tmp_path / "mla_ops",
                     ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    if status is not None:
+        (tmp_path / "mla_ops" / "_C.status").write_text(status + "\n")
+
+
+_REPORT = ("import json, warnings\n"
+           "with warnings.catch_warnings(record=True) as w:\n"
+           "    warnings.simplefilter('always')\n"
+           "    import mla_ops, torch\n"
+           "print(json.dumps({'file': mla_ops.__file__, 'extension': mla_ops.library.EXTENSION,"
+           " 'status': mla_ops.library.EXTENSION_STATUS,"
+           " 'warnings': [str(x.message) for x in w if 'mla_ops' in str(x.message)],"
+           " 'schema': str(torch.ops.mla.context_attention.default._schema)}))")
+
+
+def test_a_library_that_does_not_load_falls_back_to_pure_python(tmp_path):
+    """A _C built against another torch (undefined symbols) warns and leaves pure Python."""
+    _package_copy(tmp_path)
     suffix = __import__("importlib.machinery").machinery.EXTENSION_SUFFIXES[0]
     (tmp_path / "mla_ops" / f"_C{suffix}").write_bytes(b"not a shared library")
-    code = ("import json, warnings\n"
-            "with warnings.catch_warnings(record=True) as w:\n"
-            "    warnings.simplefilter('always')\n"
-            "    import mla_ops, torch\n"
-            "print(json.dumps({'file': mla_ops.__file__, 'extension': mla_ops.library.EXTENSION,"
-            " 'warnings': [str(x.message) for x in w if 'mla_ops' in str(x.message)],"
-            " 'schema': str(torch.ops.mla.context_attention.default._schema)}))")
-    out = _run(code, env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    out = _run(_REPORT, env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
     assert out["file"].startswith(str(tmp_path))
     assert out["extension"] is None
     assert len(out["warnings"]) == 1 and "using the pure-Python registration" in out["warnings"][0]
     assert out["schema"] == f"mla::context_attention{library.SCHEMAS['context_attention']}"
+    assert out["status"].startswith("pure-Python registration (mla_ops._C did not load: ")
+    assert "\n" not in out["status"]
+
+
+@pytest.mark.parametrize("record", [None, "pure-Python install (no mla_ops._C): building "
+                                          "mla_ops._C failed (CompileError: cc refused)"],
+                         ids=["no-record", "build-failed"])
+def test_extension_status_says_why_there_is_no_library(tmp_path, record):
+    _package_copy(tmp_path, record)
+    out = _run(_REPORT, env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert out["extension"] is None and out["warnings"] == []
+    why = record or "no build record: installed without running setup.py's build_ext"
+    assert out["status"] == f"pure-Python registration (mla_ops._C not built: {why})"
+
+
+def test_extension_status_of_this_process_and_of_no_ext(pure_python):
+    """One line: which side defined the ops, and (pure Python) why."""
+    if LOADED:
+        assert library.EXTENSION_STATUS == f"C++ schemas and Meta kernels from {SO}"
+    else:
+        assert library.EXTENSION_STATUS.startswith("pure-Python registration (")
+    assert pure_python["status"] == "pure-Python registration (MLA_OPS_NO_EXT is set)"
 
 
 # --- setup.py -------------------------------------------------------------------------------
 
 
-def test_setup_falls_back_to_pure_python_when_the_compile_fails(tmp_path):
-    """A broken toolchain must leave a working pure-Python build, not a failed install."""
-    for name in ("setup.py", "csrc_meta"):
+def _source_copy(tmp_path):
+    for name in ("setup.py", "csrc_meta", "mla_ops"):
         src = os.path.join(ROOT, name)
-        (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, tmp_path / name)
-    (tmp_path / "mla_ops").mkdir()
-    shutil.copy(os.path.join(ROOT, "mla_ops", "__init__.py"), tmp_path / "mla_ops")
+        if os.path.isdir(src):
+            shutil.copytree(src, tmp_path / name,
+                            ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+        else:
+            shutil.copy(src, tmp_path / name)
+
+
+_BUILD = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", "lib", "--build-temp",
+          "tmp"]
+
+
+def test_setup_falls_back_to_pure_python_when_the_compile_fails(tmp_path):
+    """A broken toolchain must leave a working pure-Python build, not a failed install, and say
+    why in one line (also recorded in _C.status)."""
+    _source_copy(tmp_path)
     cc = tmp_path / "cc"  # answers version queries like g++, refuses to compile
     cc.write_text('#!/bin/sh\ncase "$*" in *.cpp*) echo "refusing" >&2; exit 1;; esac\n'
                   f'exec {shutil.which("g++") or shutil.which("c++") or "false"} "$@"\n')
     cc.chmod(0o755)
     env = {**os.environ, "CC": str(cc), "CXX": str(cc)}
     env.pop("MLA_OPS_NO_EXT", None)
-    cmd = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", "lib",
-           "--build-temp", "tmp"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+    proc = subprocess.run(_BUILD, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "building mla_ops._C failed" in proc.stderr
-    assert not list(tmp_path.glob("lib/**/_C*"))
+    said = [line for line in proc.stderr.splitlines() if line.startswith("mla_ops setup: ")]
+    # The compiler's own failure (the spec was generated into the build tree first).
+    assert len(said) == 1 and said[0].startswith(
+        "mla_ops setup: pure-Python install (no mla_ops._C): building mla_ops._C failed "
+        "(CompileError: "), said
+    assert "refusing" in proc.stderr
+    assert not list(tmp_path.glob("lib/**/_C*.so"))
+    status = (tmp_path / "lib" / "mla_ops" / "_C.status").read_text()
+    assert status == said[0].removeprefix("mla_ops setup: ") + "\n"
+    generated = (tmp_path / "tmp" / "generated" / "mla_spec_generated.inc").read_text()
+    assert generated == spec.cpp_source()
 
     env["MLA_OPS_NO_EXT"] = "1"
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+    proc = subprocess.run(_BUILD, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "MLA_OPS_NO_EXT is set: pure-Python install" in proc.stderr
+    assert ("mla_ops setup: pure-Python install (no mla_ops._C): MLA_OPS_NO_EXT is set"
+            in proc.stderr.splitlines())
+    assert (tmp_path / "lib" / "mla_ops" / "_C.status").read_text() == (
+        "pure-Python install (no mla_ops._C): MLA_OPS_NO_EXT is set\n")
+
+
+def test_spec_prints_the_generated_sources():
+    """``python -m mla_ops.spec --cpp`` prints what setup.py compiles, ``--python`` the checks
+    (one function per op, each rule once)."""
+    cpp = subprocess.run([sys.executable, "-m", "mla_ops.spec", "--cpp"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert cpp.returncode == 0, cpp.stderr
+    assert cpp.stdout == spec.cpp_source()
+    for name in OPS:
+        assert f"void {name}_meta(" in cpp.stdout
+    py = subprocess.run([sys.executable, "-m", "mla_ops.spec", "--python"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+    assert py.returncode == 0, py.stderr
+    assert py.stdout == "\n".join(spec.python_source(op) for op in spec.OPS.values())
+    assert py.stdout.count("sm_scale: expected a finite positive float") == 2
