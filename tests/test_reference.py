@@ -1,7 +1,8 @@
 """The plain-PyTorch references against naive per-row loops (CPU, float64).
 
-The references are the oracle of every kernel test, so they are checked here against the
-most literal reading of SPEC.md: one query row at a time, one key at a time.
+The references are the oracle of every kernel test (and the ops' CPU kernels), so they are
+checked here against the most literal reading of SPEC.md: one query row at a time, one key at
+a time. Inputs from ``builders``.
 """
 
 import math
@@ -9,7 +10,9 @@ import math
 import pytest
 import torch
 
-from mla_ops.reference import context_attention_ref, decode_verify_ref
+from mla_ops.reference import context_attention_op_ref, context_attention_ref, decode_verify_op_ref
+
+from builders import FP8, decode_case, encoder_case
 
 
 def _naive_verify(q, k_buffer, Lv, req_to_token, seq_lens, real_seq_lens, qlen, sm_scale,
@@ -39,21 +42,10 @@ def _naive_verify(q, k_buffer, Lv, req_to_token, seq_lens, real_seq_lens, qlen, 
     return o, lse
 
 
-def _make_verify(B, H, qlen, lens, page_size, Lv=32, rope=16, num_pages=None, fp8=False, four_d=True,
-                 real=None):
-    Lk = Lv + rope
-    max_pages = max(1, max(math.ceil(max(lens) / page_size), 1))
-    num_pages = num_pages or B * max_pages + 3
-    cache = torch.randn(num_pages, page_size, 1, Lk)
-    if fp8:
-        cache = (cache * 4).to(torch.float8_e4m3fn)
-    if not four_d:
-        cache = cache.reshape(num_pages * page_size, 1, Lk)
-    table = torch.randperm(num_pages)[: B * max_pages].reshape(B, max_pages).to(torch.int32)
-    q = torch.randn(B * qlen, H, Lk)
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
-    real_lens = None if real is None else torch.tensor(real, dtype=torch.int32)
-    return q, cache, table, seq_lens, real_lens
+def _case(B, H, qlen, lens, page_size, Lv=32, rope=16, fp8=False, four_d=True, real=None):
+    return decode_case("cpu", batch=B, heads=H, qlen=qlen, lens=lens, page=page_size, Lv=Lv,
+                       rope=rope, real=real, cache_dtype=FP8 if fp8 else None,
+                       layout="4d" if four_d else "3d", score_std=2.0)
 
 
 VERIFY_CASES = [
@@ -69,23 +61,19 @@ VERIFY_CASES = [
 def test_verify_reference_matches_naive(case):
     case = dict(case)
     case.pop("id")
-    fp8 = case.get("fp8", False)
-    q, cache, table, seq_lens, real = _make_verify(**case)
-    k_scale = torch.tensor(0.37) if fp8 else None
-    scale = 0.1352
-    o, lse = decode_verify_ref(q, cache, 32, table, seq_lens, real, case["qlen"], scale,
-                               case["page_size"], k_scale, compute_dtype=torch.float64)
-    o_n, lse_n = _naive_verify(q, cache, 32, table, seq_lens, real, case["qlen"], scale,
-                               case["page_size"], float(k_scale) if fp8 else 1.0)
+    c = _case(**case)
+    o, lse = c.reference(torch.float64)
+    scale = float(c.k_scale) if c.k_scale is not None else 1.0
+    o_n, lse_n = _naive_verify(c.q, c.k_buffer, c.Lv, c.req_to_token, c.seq_lens,
+                               c.real_seq_lens, c.qlen, c.sm_scale, c.page_size, scale)
     torch.testing.assert_close(o, o_n, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(lse, lse_n, rtol=1e-9, atol=1e-9)
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()
 
 
 def test_verify_reference_empty_rows_are_zero_and_minus_inf():
-    q, cache, table, seq_lens, _ = _make_verify(B=2, H=2, qlen=3, lens=[1, 10], page_size=4)
-    real = torch.tensor([5, 0], dtype=torch.int32)
-    o, lse = decode_verify_ref(q, cache, 32, table, seq_lens, real, 3, 0.2, 4)
+    c = _case(B=2, H=2, qlen=3, lens=[1, 10], page_size=4, real=[5, 0])
+    o, lse = c.reference()
     # Request 0: L=1, qlen=3 -> limits max(min(-1+t, 5), 0) = 0, 0, 1.
     assert torch.isinf(lse[0:2]).all() and (lse[0:2] < 0).all()
     assert (o[0:2] == 0).all()
@@ -95,16 +83,49 @@ def test_verify_reference_empty_rows_are_zero_and_minus_inf():
 
 
 def test_verify_reference_strided_cross_layer_view():
-    # A layer's view into a [num_pages, layers, page, 1, Lk] cache has a page stride of
-    # layers * page * Lk; the reference must follow the view, not the storage.
-    q, cache, table, seq_lens, _ = _make_verify(B=2, H=2, qlen=2, lens=[30, 17], page_size=8)
-    big = torch.randn(cache.shape[0], 3, 8, 1, cache.shape[-1])
-    big[:, 1] = cache
-    view = big[:, 1]
-    assert view.stride(0) == 3 * 8 * cache.shape[-1]
-    o1, l1 = decode_verify_ref(q, view, 32, table, seq_lens, None, 2, 0.3, 8)
-    o2, l2 = decode_verify_ref(q, cache, 32, table, seq_lens, None, 2, 0.3, 8)
+    # A layer's view into a [num_pages, page, layers, Lk] cache has a page stride of
+    # page * layers * Lk; the reference must follow the view, not the storage.
+    c = _case(B=2, H=2, qlen=2, lens=[30, 17], page_size=8)
+    cross = decode_case("cpu", batch=2, heads=2, qlen=2, lens=[30, 17], page=8, Lv=32, rope=16,
+                        layout="cross")
+    assert cross.k_buffer.stride(0) == 8 * 3 * 48
+    c.k_buffer, c.v_buffer = cross.k_buffer, cross.v_buffer
+    dense = cross.k_buffer.contiguous()
+    assert dense.stride(0) == 8 * 48
+    o1, l1 = c.reference()
+    c.k_buffer, c.v_buffer = dense, dense[..., :32]
+    o2, l2 = c.reference()
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+def test_verify_reference_ignores_k_scale_for_a_16_bit_cache():
+    """As the kernels do: k_scale dequantizes an fp8 cache only."""
+    c = _case(B=2, H=2, qlen=2, lens=[30, 17], page_size=8)
+    o1, l1 = c.reference()
+    c.k_scale = torch.tensor(2.5)
+    o2, l2 = c.reference()
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    f8 = _case(B=2, H=2, qlen=2, lens=[30, 17], page_size=8, fp8=True)
+    o3, _ = f8.reference()
+    f8.k_scale = torch.tensor(2.5)
+    o4, _ = f8.reference()
+    assert not torch.allclose(o3, o4)
+
+
+def test_op_references_write_what_the_ops_write():
+    """The ops' CPU kernels: decode writes all of o and lse; the encoder writes the rows of every
+    sequence and leaves the others as they were."""
+    c = _case(B=2, H=2, qlen=2, lens=[30, 17], page_size=8)
+    args = c.op_args(1)
+    decode_verify_op_ref(*args.values())
+    o, lse = c.reference()
+    assert torch.equal(args["o"], o) and torch.equal(args["lse"], lse)
+    e = encoder_case("cpu", lens=[5, 0, 7], hq=2, hkv=1, d=16, gap=2, dtype=torch.float32)
+    args = e.op_args()
+    context_attention_op_ref(*args.values())
+    inside = e.inside()
+    assert args["o"][~inside].isnan().all()
+    assert torch.equal(args["o"][inside], e.reference()[inside])
 
 
 def _naive_context(q, k, v, starts, lens, causal, scale, wq, wk, sinks):
@@ -151,16 +172,15 @@ CONTEXT_CASES = [
 
 @pytest.mark.parametrize("case", CONTEXT_CASES, ids=[c["id"] for c in CONTEXT_CASES])
 def test_context_reference_matches_naive(case):
-    d, lens = 8, [5, 1, 7]
-    starts = [0, 5, 6]
-    total = sum(lens)
-    q = torch.randn(total, case["hq"], d)
-    k = torch.randn(total, case["hkv"], d)
-    v = torch.randn(total, case["hkv"], d)
-    sinks = torch.randn(case["hq"]) if case["sinks"] else None
-    o = context_attention_ref(q, k, v, torch.tensor(starts), torch.tensor(lens), case["causal"],
-                              None, case["wq"], case["wk"], sinks, compute_dtype=torch.float64,
+    d, lens = 8, [5, 1, 7]  # the reference takes any head dim (the kernel's rule is >= 16)
+    e = encoder_case("cpu", lens=lens, hq=case["hq"], hkv=case["hkv"], d=d, dtype=torch.float32,
+                     gap=1, causal=case["causal"], window_q=case["wq"], window_k=case["wk"],
+                     sinks=case["sinks"])
+    starts = e.b_start_loc.tolist()
+    assert starts == [0, 6, 8]
+    o = context_attention_ref(e.q, e.k, e.v, e.b_start_loc, e.b_seq_len, case["causal"], None,
+                              case["wq"], case["wk"], e.sinks, compute_dtype=torch.float64,
                               query_chunk=3)
-    o_n = _naive_context(q, k, v, starts, lens, case["causal"], 1 / math.sqrt(d), case["wq"],
-                         case["wk"], sinks)
+    o_n = _naive_context(e.q, e.k, e.v, starts, lens, case["causal"], 1 / math.sqrt(d),
+                         case["wq"], case["wk"], e.sinks)
     torch.testing.assert_close(o, o_n, rtol=1e-9, atol=1e-9)
