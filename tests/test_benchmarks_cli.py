@@ -10,6 +10,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import types
@@ -166,6 +167,9 @@ def test_json_carries_env_command_and_commit(tmp_path, monkeypatch):
     subprocess.run(git + ["init", "-q"], check=True)
     subprocess.run(git + ["add", "f"], check=True)
     subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    (repo / "sub").mkdir()
+    monkeypatch.setattr(results, "ROOT", repo / "sub")  # a tree inside another repository
+    assert results.git_commit() is None
     monkeypatch.setattr(results, "ROOT", repo)
     head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
@@ -326,6 +330,9 @@ def test_compare_flags_nan_and_measures_error():
     lse = ref_lse.clone()
     lse[0, 0] = float("-inf")  # a row that sees keys reported as empty
     assert decode.compare(ref_o, lse, ref_o, ref_lse)["err_lse_abs"] == float("inf")
+    empty = ref_lse.clone()
+    empty[0, 0] = float("-inf")  # a row that sees no key given a finite lse
+    assert decode.compare(ref_o, ref_lse, ref_o, empty)["err_lse_abs"] == float("inf")
     assert not decode.judge(decode.compare(ref_o * 1.1, ref_lse, ref_o, ref_lse), 1e-2)["ok"]
     # check_call poisons the outputs first: a call that writes nothing fails, even after a good one
     c = shapes.Case(2, 2, 1, 20, False, 16)
@@ -398,6 +405,23 @@ def test_run_case_on_cpu_checks_times_and_fills_every_field():
     json.dumps(row)
     table, columns = decode.table([row])
     assert columns == decode.TABLE_COLUMNS and table[0]["cache"] == "fp16"
+
+
+@pytest.mark.parametrize("argv, prequeue", [([], True), (["--no-prequeue"], False)])
+def test_timing_method(monkeypatch, argv, prequeue):
+    """Graph replays behind a queued GPU sleep unless --no-prequeue, the same for ours and the
+    feed, per call of an L2 rotation."""
+    seen = []
+
+    def time_call(fn, device, **kw):
+        seen.append(kw)
+        return 10.0, 20
+
+    monkeypatch.setattr(harness, "time_call", time_call)
+    args = bench.parse_args(["--interpret", "--rotate", "3", "--replays", "50", *argv])
+    row = decode.run_case(_fake_api(), shapes.INTERPRET_CASE, args, "cpu", CEILINGS, None)
+    assert seen == [dict(max_replays=50, calls_per_fn=3, prequeue=prequeue)] * 2
+    assert row["prequeued"] is prequeue and row["rotate"] == 3
 
 
 def test_the_feed_keeps_its_own_config_but_the_family():
@@ -525,6 +549,7 @@ def test_prefill_arguments():
     assert a.shape == ["P2", "P3"] and a.backend == "mla,sdpa-cudnn" and a.dtype == "bf16"
     assert prefill.launch_overrides(a) == {"BLOCK_M": 64, "num_warps": 4, "tma": False,
                                            "aligned": False, "split_head_dim": False}
+    assert prefill.launch_overrides(a)["tma"] is False  # a bool, as the tables write it
     assert benchmark_vit_prefill_attn.shapes(a)[0] == ("P2", 1, 3520, 16, 72)
     a = benchmark_vit_prefill_attn.parse_args(["--seq", "100", "--head-dim", "80"])
     assert benchmark_vit_prefill_attn.shapes(a) == [("custom", 1, 100, 16, 80)]
@@ -605,14 +630,18 @@ def test_towers_interpret_run(tmp_path):
 
 # --- the scripts as commands ----------------------------------------------------------------------
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a GPU-less machine")
-@pytest.mark.parametrize("main", [bench.main, sweep_decode_verify.main, ab_decode_verify.main,
-                                  benchmark_vit_prefill_attn.main, vit_towers_e2e.main],
-                         ids=lambda m: m.__module__.split(".")[-1])
-def test_without_gpu_or_interpret_a_script_says_so(main, capsys):
-    assert main([]) == 2
-    err = capsys.readouterr().err
-    assert "--interpret" in err and "GPU" in err
+def test_without_gpu_or_interpret_a_script_says_so(capsys, monkeypatch):
+    if not torch.cuda.is_available():
+        assert cli.pick_device(False, "x.py") is None
+        err = capsys.readouterr().err
+        assert err.startswith("x.py: no CUDA/HIP GPU") and "--interpret" in err
+    assert cli.pick_device(True, "x.py") == "cpu"
+    asked = []
+    monkeypatch.setattr(cli, "pick_device", lambda interpret, prog: asked.append((interpret, prog)))
+    mains = [bench.main, sweep_decode_verify.main, ab_decode_verify.main,
+             benchmark_vit_prefill_attn.main, vit_towers_e2e.main]
+    assert [m([]) for m in mains] == [2] * 5
+    assert asked == [(False, m.__module__.split(".")[-1] + ".py") for m in mains]
 
 
 def test_a_script_runs_as_a_command_from_anywhere(tmp_path):
@@ -647,7 +676,8 @@ def test_every_script_documents_its_flags(capsys):
             parse(["--help"])
         assert e.value.code == 0
         text = capsys.readouterr().out
-        assert [f for f in want if f not in text] == [], parse.__module__
+        assert [f for f in want if not re.search(rf"(?<![\w-]){f}(?![\w-])", text)] == [], \
+            parse.__module__
 
 
 # --- the decode sweep: grid, planning, table -----------------------------------------------------
@@ -720,6 +750,11 @@ def test_planning_follows_the_stages():
         assert s > 1 and math.ceil(p.L / s) < 512 and c["num_stages"] == 4
     for p, c, s, _ in plan("s2block") + plan("s2warps") + plan("pdl"):
         assert s > 1
+    short = shapes.Case(16, 2, 1, 300)  # one split: MIN_SPLIT_LEN changes nothing there
+    _ok(res, short, _defaults(short), 1.0, splits=1)
+    _ok(res, short, _defaults(short), 1.0)
+    assert ds.plan_stage("splitlen", [short], [short], res, _defaults, lambda p, c: 1, space,
+                         132, GROUPS_H) == []
     splits = plan("splits")
     assert splits and all(not h and s != _splits_of(p, c) for p, c, s, h in splits)
     per_point = {}
@@ -773,6 +808,20 @@ def test_grid_stage_times_a_bins_candidates_on_each_of_its_points():
         assert bins[bin_of(p)] <= per_point.get(p.key, set()) | measured, p.key
 
 
+def test_nearest_winners_stay_in_the_heads_group():
+    grid = shapes.grid_points()
+    tiles = [t for t in shapes.tile_points(grid) if t.H == 16 or t.name == "M5"]
+    res = ds.Results()
+    for i, p in enumerate(tiles):
+        _ok(res, p, {**_defaults(p), "BLOCK_N": 16 + i}, 1.0)
+    m6 = shapes.SHAPES["M6"].case
+    assert ds.nearest_winners(m6, tiles, res, GROUPS_H, 3) == res.top(
+        shapes.SHAPES["M5"].case.key, 1)
+    m2 = shapes.SHAPES["M2"].case  # its own winner first, then the nearest (qlen, cache, batch)
+    got = ds.nearest_winners(m2, tiles, res, GROUPS_H, 2)
+    assert got[0] == res.top(m2.key, 1)[0] and len(got) == 2
+
+
 def test_choose_config_minimises_the_geometric_mean_ratio():
     p1, p2 = shapes.Case(16, 2, 32, 4096), shapes.Case(16, 2, 32, 4096, True)
     a = {**_defaults(p1), "BLOCK_H": 32}
@@ -784,6 +833,13 @@ def test_choose_config_minimises_the_geometric_mean_ratio():
     _ok(res, p2, b, 20.0)  # b: 1.2x and 1.0: geomean 1.095 < 1.225
     cfg, ev = ds.choose_config([p1, p2], res, a)
     assert cfg == b and [e["ratio"] for e in ev] == [1.2, 1.0]
+    # the geometric mean, not the worst ratio: x (1.0, 1.3) beats y (1.2, 1.2) and z (1.5, 1.0)
+    res2 = ds.Results()
+    x, y, z = ({**a, "BLOCK_N": n} for n in (16, 32, 64))
+    for cfg, t1, t2 in ((x, 10.0, 13.0), (y, 12.0, 12.0), (z, 15.0, 10.0)):
+        _ok(res2, p1, cfg, t1)
+        _ok(res2, p2, cfg, t2)
+    assert ds.choose_config([p1, p2], res2, None)[0] == x
     _ok(res, p1, {**a, "BLOCK_N": 16}, 10.0)  # a tie on p1's only point: the preferred wins
     assert ds.choose_config([p1], res, a)[0] == a
     assert ds.choose_config([shapes.Case(8, 1, 1, 64)], res, a) == (None, [])
@@ -799,15 +855,21 @@ def test_results_meet_a_resumed_logs_configs():
     assert res.top(p.key, 1) == [VERIFY_DEFAULT_CONFIG]
 
 
+def _winner(p):
+    return 32 if p.H <= 32 else 64, 16 if p.B <= 16 else 64  # BLOCK_H by heads, BLOCK_N by batch
+
+
 def _synthetic_rules():
-    """Full grid; BLOCK_H 32 is 30% faster at H<=32, BLOCK_H 64 at H=128."""
+    """Full grid; each point's winner is _winner(p), 15% faster than a config with one of the
+    two wrong, 30% than one with both."""
     grid = shapes.grid_points()
     res = ds.Results()
     for i, p in enumerate(grid):
         for bh in (32, 64):
-            slow = (bh == 64) == (p.H <= 32)
-            _ok(res, p, {**_defaults(p), "BLOCK_H": bh}, (130.0 if slow else 100.0) + 0.001 * i,
-                stage="grid")
+            for bn in (16, 64):
+                wrong = ((bh, bn)[0] != _winner(p)[0]) + ((bh, bn)[1] != _winner(p)[1])
+                _ok(res, p, {**_defaults(p), "BLOCK_H": bh, "BLOCK_N": bn},
+                    100.0 + 15.0 * wrong + 0.001 * i, stage="grid")
     return grid, ds.build_rules(grid, res, _defaults, GROUPS_H, GROUPS_Q)
 
 
@@ -828,7 +890,7 @@ def test_sweep_table_is_what_the_tuning_module_selects():
         for p in grid:
             got = tuning.select("decode_verify", verify_facts(p.B, p.qlen, p.H, fp8=p.fp8),
                                 arch="bench-test")
-            assert got["BLOCK_H"] == (32 if p.H <= 32 else 64), p.key
+            assert (got["BLOCK_H"], got["BLOCK_N"]) == _winner(p), p.key
             assert got["MIN_SPLIT_LEN"] == _defaults(p)["MIN_SPLIT_LEN"], p.key
     finally:
         del kernel.builtin["bench-test"]
@@ -839,6 +901,20 @@ def test_sweep_table_is_what_the_tuning_module_selects():
     with platform.mock_platform("sm_90", interpret=False):
         with pytest.raises(ValueError, match="refused"):
             ds.table_text(bad, "sm_90", "test", {})
+
+
+def test_rules_merge_neighbours_and_drop_what_the_last_rule_says():
+    """Per heads group, qlen groups that chose the same config become one rule; a group's
+    trailing rule equal to the last (catch-all) rule goes."""
+    grid = shapes.grid_points(heads=(16, 128), qlens=(1, 2), bl=((1, 4096),), caches=(False,))
+    a, b = ({**VERIFY_DEFAULT_CONFIG, "BLOCK_N": n} for n in (16, 64))
+    res = ds.Results()
+    for p in grid:
+        _ok(res, p, a, 100.0 if p.H == 16 else 130.0)
+        _ok(res, p, b, 100.0 if p.H == 128 else 131.0)  # b: the worse overall, the last rule a
+    rules = ds.build_rules(grid, res, lambda p: a, GROUPS_H, GROUPS_Q)
+    assert [(r.get("match"), r["config"]) for r in rules] == [
+        ({"num_heads": GROUPS_H[1], "qlen": [1, 2]}, b), (None, a)]
 
 
 def test_sweep_end_to_end_with_a_fake_kernel(tmp_path, monkeypatch, capsys):
@@ -901,7 +977,10 @@ def test_compile_pool_protocol():
                 pool.run({"x": {"what": "ok", "device": "cuda"}})
     finally:
         pool.close()
-    assert compile_pool.precompile(_pool_job, specs, 0) == {}
+
+def test_precompile_with_no_processes_leaves_it_to_the_caller(capsys):
+    assert compile_pool.precompile(_pool_job, {"a": {"what": "crash"}}, 0) == {}
+    assert capsys.readouterr().out == ""
 
 
 def test_decode_compile_job_in_the_pool():
