@@ -61,7 +61,6 @@ def test_context_attention_op_matches_reference(device):
     case.assert_matches(case.run(fn=torch.ops.mla.context_attention))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_cp_defaults_are_no_context_parallelism(device):
     """cp_world=1, cp_rank=0, cp_interleave=1 spelled out give the call without them, bit for
     bit, on the function and the op (the context-parallel kernels land later)."""
@@ -113,7 +112,7 @@ class _Step(torch.nn.Module):
         out = torch.empty_like(y)
         torch.ops.mla.context_attention(y, y, y, out, starts, lens, rows, False, None, None,
                                         None, None)
-        return out.sum(-1) + lse
+        return out * 1, lse  # exact glue: compiled and eager agree bit for bit
 
 
 def test_compile_fullgraph_matches_eager(device):
@@ -127,10 +126,8 @@ def test_compile_fullgraph_matches_eager(device):
     compiled = torch.compile(model, fullgraph=True,
                              backend="inductor" if device == "cuda" else "aot_eager")
     got = compiled(*inputs)
-    if device == "cpu":  # aot_eager: the same ops on the same inputs
-        assert torch.equal(got, eager)
-    else:  # inductor may fuse and reorder the glue (the sum): fp32 rounding only
-        torch.testing.assert_close(got, eager)
+    assert all(torch.equal(g, e) for g, e in zip(got, eager))
+    assert not any(t.isnan().any() for t in got)
 
 
 def test_compile_fullgraph_inductor_cpu():
