@@ -21,7 +21,6 @@ from mla_ops.decode_verify import kernels, launch
 from mla_ops.decode_verify.launch import (
     _tma_descriptors,
     decode_attention_fwd_verify,
-    select_verify_config,
     warmup_decode_attention_fwd_verify,
 )
 
