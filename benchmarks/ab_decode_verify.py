@@ -75,9 +75,7 @@ def resolve_variant(api: decode.Api, case, v: dict) -> tuple[str, dict, int, dic
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
-    device = cli.pick_device(args.interpret, PROG)
+    argv, args, device = cli.start(argv, parse_args, PROG)
     if device is None:
         return 2
     import torch

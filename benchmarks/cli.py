@@ -66,6 +66,14 @@ def pick_device(interpret: bool, prog: str) -> str | None:
     return None
 
 
+def start(argv: Sequence[str] | None, parse, prog: str):
+    """Every main's prologue: ``(argv, args, device)``, the device None (after saying why)
+    when there is no GPU and no ``--interpret``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(argv)
+    return argv, args, pick_device(args.interpret, prog)
+
+
 def banner(what: str, env: dict, extra: str = "") -> None:
     print(f"{what} on {env.get('gpu') or 'cpu (Triton interpreter)'}, torch {env['torch']}, "
           f"triton {env['triton']}, commit {env.get('commit') or 'unknown'}" + extra, flush=True)

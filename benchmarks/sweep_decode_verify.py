@@ -135,9 +135,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
-    device = cli.pick_device(args.interpret, PROG)
+    argv, args, device = cli.start(argv, parse_args, PROG)
     if device is None:
         return 2
     from mla_ops import platform
