@@ -1,39 +1,22 @@
 #!/usr/bin/env python
-"""Decode-verify benchmark: the named shapes M1–M7 (or any grid) against this machine's roofline
-and against the same work fed one row per verify token (qlen = 1).
+"""Decode-verify benchmark: the named shapes M1–M7 (or any grid) against this machine's roofline,
+the same work fed one row per verify token (qlen = 1), and FlashMLA where ``flash_mla`` imports.
 
-Per shape it prints and writes (``--json``): the median CUDA-graph replay time, unique bytes,
-TB/s, TFLOP/s, the roofline time from the ceilings measured in the same run (copy bandwidth and
-bf16 matmul rate), the roofline fraction, the target and pass/fail, and the baseline: the same
-verify batch as ``B*qlen`` requests of ``qlen = 1`` each (block table repeated per token,
-per-token lengths ``L - qlen + 1 + t``), the way an engine without a verify kernel runs it,
-with its own default config and split count, and our speedup. Where ``import flash_mla``
-works, FlashMLA's dense decode runs beside ours on the bf16 page-64 shapes, checked and timed
-the same way (``flashmla_us``, ``vs_flashmla`` = its time / ours).
+Per shape (printed, and written with ``--json``): the median CUDA-graph replay time (replays
+queued behind a GPU sleep, ``--no-prequeue``: from idle), unique bytes, TB/s, TFLOP/s, the
+roofline from the ceilings measured in the same run (``shapes.roofline``), the target, and the
+qlen=1 feed (``B*qlen`` requests of one row, the block table repeated per token, lengths ``L -
+qlen + 1 + t``, its own config and split count) with our speedup over it. Inputs: random q
+and cache, pages by a random permutation, page 64, sm_scale 0.1352. A KV that fits in L2 (M1)
+is flagged ``*L2``; ``--rotate N`` cycles N cache copies for an L2-cold time.
 
-Roofline (``benchmarks/shapes.py``):
-    unique bytes = B*L*576*(2 bf16 | 1 fp8) + q, o, lse once
-    FLOPs        = 2*H*(576+512)*sum of row limits
-    roofline us  = max(bytes / copy bandwidth, FLOPs / matmul rate)
-
-Inputs: bf16 q (``--dtype``), bf16 or fp8 e4m3fn cache (``--fp8``, with ``k_scale``), Lk=576,
-Lv=512, page 64, sm_scale 0.1352, random data (never zeros), pages assigned by a random
-permutation, ``seq_lens = L`` for every request. The KV is not rotated: a shape whose KV fits
-in L2 (M1: 9.4 MB) is reported as is and flagged ``kv_fits_l2``; ``--rotate N`` cycles N
-copies of the cache through the captured graph for an L2-cold figure. Replays are timed behind
-a queued GPU sleep (the host's launch latency excluded); ``--no-prequeue`` times from idle.
-
-Run on the GPU from the repository root (the full ``--shape all`` run with its baselines and
-ceilings takes well under 90 s on an H200, compiles included):
-
-    PYTHONPATH=. python benchmarks/benchmark_decode_verify.py --shape all --check \
-        --json benchmarks/results/h200/decode_verify.json
+    PYTHONPATH=. python benchmarks/benchmark_decode_verify.py --shape all --check --json $OUT/d.json
     PYTHONPATH=. python benchmarks/benchmark_decode_verify.py --shape M3 --block-h 64 --num-stages 3
     PYTHONPATH=. python benchmarks/benchmark_decode_verify.py --heads 16 128 --qlen 1 2 4 \
         --batch 32 --seq-len 4096 --fp8
 
-On a CPU, ``--interpret`` runs a tiny shape through the Triton interpreter (fp16, no graphs,
-nominal ceilings): it exercises the whole code path, its times mean nothing.
+``--interpret`` runs a tiny shape on the CPU through the Triton interpreter (fp16, no graphs,
+nominal ceilings): the whole code path, times that mean nothing.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 #!/usr/bin/env python
-"""Encoder (ViT) attention: our kernel launched directly, beside PyTorch SDPA's backends.
+"""Encoder (ViT) attention: our kernel launched directly beside PyTorch SDPA's backends, and the
+sweep that writes the encoder kernel's table (``benchmarks/prefill.py`` says how both measure).
 
-    PYTHONPATH=. python3 benchmarks/benchmark_vit_prefill_attn.py --shape all --json out.json
+    PYTHONPATH=. python3 benchmarks/benchmark_vit_prefill_attn.py --shape all --ceilings \
+        --json out.json
     PYTHONPATH=. python3 benchmarks/benchmark_vit_prefill_attn.py --seq 3520 --heads 16 \
         --head-dim 72 --bm 128 --bn 64 --nw 8 --ns 3
-    PYTHONPATH=. python3 benchmarks/benchmark_vit_prefill_attn.py --sweep   # rewrites the sm_90 table
-
-Times are medians of ``triton.testing.do_bench`` (ms); TFLOP/s counts 4·B·S²·H·D (halved when
-causal) at the real head dim, so padding shows as lost throughput. ``ratio`` is the fastest
-SDPA backend's time over ours (> 1: we are faster). The sweep (``benchmarks/prefill.py``)
-searches (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA or pointer loads) per head-dim split,
-compiling candidates in parallel worker processes first (Triton's disk cache is shared), then
-timing them one by one in this process.
+    PYTHONPATH=. python3 benchmarks/benchmark_vit_prefill_attn.py --sweep  # tables/<arch>.json
 """
 
 from __future__ import annotations

@@ -32,10 +32,7 @@ from benchmarks.shapes import (
     roofline,
     unique_bytes,
 )
-from mla_ops.decode_verify.configs import KERNEL, VERIFY_DEFAULT_CONFIG
-
-# Every key of a config of the triton family, in the order configs.py defines them.
-LAUNCH_KEYS = tuple(VERIFY_DEFAULT_CONFIG)
+from mla_ops.decode_verify.configs import KERNEL
 
 # --- launch knobs -------------------------------------------------------------------------------
 
@@ -56,13 +53,12 @@ KNOBS = {
     "--persistent": ("PERSISTENT", "stage-1 programs per SM (0: one per work item)"),
     "--pdl": ("PDL", "stage 2 by programmatic dependent launch (0/1)"),
 }
-FAMILIES = ("table", "triton", "gluon")
 
 
 def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group(
         "launch (override the selected config; the qlen=1 feed keeps its own, but the family)")
-    g.add_argument("--family", choices=FAMILIES, default="table",
+    g.add_argument("--family", choices=("table", "triton", "gluon"), default="table",
                    help="kernel family: the table's choice (default), or one named (passed as "
                    "config={'family': ...}; a family this mla_ops does not have is an error)")
     g.add_argument("--splits", type=int, help="num_kv_splits (default: verify_num_kv_splits "

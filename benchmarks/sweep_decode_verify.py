@@ -1,33 +1,15 @@
 #!/usr/bin/env python
-"""Sweep the decode-verify launch space on this GPU and write the table the launcher reads.
+"""Sweep the decode-verify launch space on this GPU and write the table the launcher reads
+(``mla_ops/decode_verify/tables/<arch>.json``, or ``--write``): a retune is a data change. The
+stages, the checks and how rules are chosen: ``benchmarks/decode_sweep.py``. The budget
+(``--budget-s``) covers compiles too; the table and the log are rewritten after every stage,
+and ``--resume LOG`` continues a run the budget stopped. ``--quick`` (M1–M7, a smaller space)
+needs about a third of the full sweep's compiles.
 
-A retune is a data change: this script measures, then rewrites
-``mla_ops/decode_verify/tables/<arch>.json`` (``--write``) through ``mla_ops.tuning``; no code
-changes. What each stage measures and how the rules are chosen: ``benchmarks/decode_sweep.py``.
-
-Every candidate's output is compared with the selected config's (itself compared with the fp32
-reference on the tile points) once; a wrong answer is discarded. A config that fails to compile,
-exceeds shared memory or is refused by the tuning module is skipped: worker processes
-(``--jobs``) compile every variant of a stage in parallel and report failures, so this process
-only runs variants that ran there. The time budget (``--budget-s``) covers everything; what did
-not fit is left for ``--resume`` with the log of this run. The table and the log are rewritten
-after every stage; the log also holds the grid, the groups, the split findings and whether the
-run completed.
-
-On the H200 (from the repository root; the device machine returns only what is under $OUT)::
-
-    PYTHONPATH=. python benchmarks/sweep_decode_verify.py --budget-s 240 \
-        --write $OUT/sm_90.json --log $OUT/sweep_log.json
-    # continue where the budget stopped it (copy the log into the tree first):
-    PYTHONPATH=. python benchmarks/sweep_decode_verify.py --resume sweep_log.json \
+    PYTHONPATH=. python benchmarks/sweep_decode_verify.py --quick --budget-s 240 \
         --write $OUT/sm_90.json --log $OUT/sweep_log.json
 
-Compiles dominate: the full space is about 300 distinct kernel variants plus a few hundred timed
-runs, likely more than one 240 s budget; ``--quick`` (M1–M7 only, a smaller space) is about a
-third of that.
-
-On a CPU, ``--interpret`` sweeps a tiny space on a tiny shape through the Triton interpreter
-(no table is written unless ``--write`` is given).
+``--interpret`` sweeps a tiny space on a tiny shape on the CPU (no table unless ``--write``).
 """
 
 from __future__ import annotations
