@@ -1,0 +1,10 @@
+"""Benchmarks of mla_ops: thin scripts over a few shared modules.
+
+Scripts: ``benchmark_decode_verify.py`` (M1–M7 or a grid), ``ab_decode_verify.py`` (launch
+variants in one process), ``sweep_decode_verify.py`` (writes the decode table),
+``benchmark_vit_prefill_attn.py`` (P1–P8, ``--sweep`` writes the encoder table),
+``vit_towers_e2e.py``; ``h200_session.sh`` runs them on the H200. Modules: ``shapes`` (named
+shapes, anchors, roofline), ``harness`` (timing, ceilings), ``compile_pool``, ``results`` (JSON,
+tables), ``cli``, ``decode`` / ``decode_sweep`` / ``prefill`` (per kernel). ``results/`` holds
+the results the docs cite (``results/MANIFEST.md``).
+"""
