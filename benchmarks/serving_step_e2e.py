@@ -1,0 +1,307 @@
+"""A speculative-decoding verify step of a DeepSeek-V3-shaped MLA model, as an engine runs it.
+
+The attention stack of the model (random weights, N layers): per layer, the query and latent KV
+projections, rotary embedding of the rope part, the new tokens' latent KV written into a
+cross-layer paged cache (page 64), the absorbed query ``q_nope @ W_UK``, verify attention over
+the cache, ``o @ W_UV`` and the output projection with a residual. Each step verifies qlen draft
+tokens per request; real lengths differ per request and grow step by step.
+
+Two engines run the same model, each captured in one CUDA graph per batch bucket (1, 2, 4, …,
+128) after its plan's warmup, replayed with new lengths and block tables:
+
+- ``verify``: ``mla_ops.plan_verify(batch, qlen, ...)``, all qlen·H rows of a request over one
+  pass of its KV;
+- ``feed``: what an engine without a verify kernel does: one row per draft token (qlen = 1,
+  the request's block table repeated per token, each token its own causal length).
+
+It reports the step latency and verified tokens/s of both, checks both against the same model
+computed in plain PyTorch (float32 attention reference), and writes JSON.
+
+    PYTHONPATH=. python benchmarks/serving_step_e2e.py --json $OUT/serving_step.json
+    PYTHONPATH=. python benchmarks/serving_step_e2e.py --interpret   # tiny CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if "--interpret" in sys.argv:  # before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import mla_ops  # noqa: E402
+
+# DeepSeek-V3 (per GPU under TP8: 16 heads; DP attention: all 128).
+FULL = dict(hidden=7168, q_lora=1536, kv_lora=512, rope=64, nope=128, v_head=128, heads=16,
+            layers=4, page=64, sm_scale=0.1352)
+TINY = dict(hidden=64, q_lora=32, kv_lora=64, rope=32, nope=16, v_head=16, heads=2,
+            layers=2, page=16, sm_scale=0.25)
+
+
+class Model:
+    """The attention stack with random weights (scaled so activations stay O(1))."""
+
+    def __init__(self, cfg: dict, device: str, dtype: torch.dtype, seed: int = 0):
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        H, L = cfg["heads"], cfg["layers"]
+
+        def w(*shape):
+            fan_in = shape[-2] if len(shape) > 1 else shape[0]
+            return (torch.randn(*shape, generator=g) / math.sqrt(fan_in)).to(device, dtype)
+
+        self.layers = [dict(
+            q_a=w(cfg["hidden"], cfg["q_lora"]),
+            q_b=w(cfg["q_lora"], H * (cfg["nope"] + cfg["rope"])),
+            kv_a=w(cfg["hidden"], cfg["kv_lora"] + cfg["rope"]),
+            w_uk=w(H, cfg["nope"], cfg["kv_lora"]),
+            w_uv=w(H, cfg["kv_lora"], cfg["v_head"]),
+            o_proj=w(H * cfg["v_head"], cfg["hidden"]),
+        ) for _ in range(L)]
+
+    def rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding of the last dim of ``x`` ``[T, ..., rope]`` at positions ``pos``."""
+        half = x.shape[-1] // 2
+        freq = 10000.0 ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+        ang = pos.float()[:, None] * freq[None, :]
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+        cos, sin = ang.cos().view(shape), ang.sin().view(shape)
+        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).to(x.dtype)
+
+    def step(self, x, pos, slots, cache, attend):
+        """One forward of the stack over new tokens ``x`` ``[T, hidden]`` at positions ``pos``,
+        writing their latent KV at cache ``slots`` first; ``attend(layer, q)`` -> o latent."""
+        cfg, H = self.cfg, self.cfg["heads"]
+        pages, page = cache.shape[0], cache.shape[1]
+        flat = cache.view(pages * page, cache.shape[2], cache.shape[3])
+        for li, p in enumerate(self.layers):
+            kv = x @ p["kv_a"]  # [T, kv_lora + rope]
+            latent = torch.nn.functional.rms_norm(kv[:, :cfg["kv_lora"]], (cfg["kv_lora"],))
+            k_pe = self.rope(kv[:, cfg["kv_lora"]:], pos)
+            flat[slots, li] = torch.cat([latent, k_pe], -1).to(cache.dtype)
+            qa = torch.nn.functional.rms_norm(x @ p["q_a"], (cfg["q_lora"],))
+            q = (qa @ p["q_b"]).view(-1, H, cfg["nope"] + cfg["rope"])
+            q_nope = torch.einsum("thn,hnc->thc", q[..., :cfg["nope"]], p["w_uk"])  # absorbed
+            q_pe = self.rope(q[..., cfg["nope"]:], pos)
+            o = attend(li, torch.cat([q_nope, q_pe], -1))  # [T, H, kv_lora]
+            o = torch.einsum("thc,hcv->thv", o, p["w_uv"]).reshape(-1, H * cfg["v_head"])
+            x = x + o @ p["o_proj"]
+        return x
+
+
+def make_requests(cfg, batch, qlen, max_len, steps, num_pages, device, gen):
+    """Starting lengths that leave room for ``steps`` verify steps, and block tables."""
+    page = cfg["page"]
+    pages_per = math.ceil(max_len / page)
+    lens = torch.randint(qlen, max(qlen, max_len - steps * qlen) + 1, (batch,), generator=gen)
+    table = torch.randperm(num_pages, generator=gen)[: batch * pages_per].view(batch, pages_per)
+    return lens.int().to(device), table.int().to(device)
+
+
+def next_step(lens, qlen, gen):
+    """The next verify step: each request accepted 1..qlen tokens of its last draft; its new
+    draft of qlen tokens is written after them; some drafts are padded (real < L)."""
+    grown = lens + torch.randint(1, qlen + 1, lens.shape, generator=gen).to(lens.device).int()
+    real = grown - torch.randint(0, qlen, lens.shape, generator=gen).to(lens.device).int()
+    return grown, real
+
+
+def feed_metadata(lens, real, table, qlen):
+    """The qlen = 1 feed of the same batch: one row per draft token, its own causal length."""
+    t = torch.arange(qlen, device=lens.device)
+    row_len = (lens[:, None] - qlen + 1 + t[None, :]).clamp(min=0)
+    row_len = torch.minimum(row_len, real[:, None]).reshape(-1).int()
+    return row_len, table.repeat_interleave(qlen, dim=0)
+
+
+class Engine:
+    """One engine (``verify`` or ``feed``) for one batch bucket: static buffers, its plan, and
+    (on CUDA) the step captured in a graph."""
+
+    def __init__(self, kind, model, cache, batch, qlen, max_len, device, interpret):
+        cfg = model.cfg
+        self.kind, self.model, self.cache, self.qlen = kind, model, cache, qlen
+        rows = batch * qlen
+        H, Lk, Lv = cfg["heads"], cfg["kv_lora"] + cfg["rope"], cfg["kv_lora"]
+        pages_per = math.ceil(max_len / cfg["page"])
+        pb, pq = (batch, qlen) if kind == "verify" else (rows, 1)
+        self.plan = mla_ops.plan_verify(pb, pq, H, max_len, dtype=model.dtype,
+                                        device=device, page_size=cfg["page"], head_dim=Lk,
+                                        v_head_dim=Lv)
+        self.x = torch.zeros(rows, cfg["hidden"], device=device, dtype=model.dtype)
+        self.pos = torch.zeros(rows, dtype=torch.long, device=device)
+        self.slots = torch.zeros(rows, dtype=torch.long, device=device)
+        self.lens = torch.zeros(pb, dtype=torch.int32, device=device)
+        self.real = torch.zeros(pb, dtype=torch.int32, device=device)
+        self.table = torch.zeros(pb, pages_per, dtype=torch.int32, device=device)
+        self.o = torch.empty(rows, H, Lv, device=device, dtype=model.dtype)
+        self.lse = torch.empty(rows, H, device=device, dtype=torch.float32)
+        q0 = torch.empty(rows, H, Lk, device=device, dtype=model.dtype)
+        self.plan.alloc_workspace()
+        self.plan.warmup(q0, cache[:, :, :1], self.o, self.lse, self.table,
+                         sm_scale=cfg["sm_scale"], has_real=kind == "verify")
+        self.out = None
+        self.graph = None
+        if device == "cuda" and not interpret:
+            self._run()  # allocations of the eager step, outside the capture
+            torch.cuda.synchronize()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self._run()
+
+    def attend(self, layer, q):
+        kv = self.cache[:, :, layer:layer + 1]  # this layer's view of the cross-layer cache
+        real = self.real if self.kind == "verify" else None
+        self.plan.run(q, kv, self.o, self.lse, self.table, self.lens, real_seq_lens=real,
+                      sm_scale=self.model.cfg["sm_scale"])
+        return self.o
+
+    def _run(self):
+        return self.model.step(self.x, self.pos, self.slots, self.cache, self.attend)
+
+    def load(self, x, pos, slots, lens, real, table):
+        self.x.copy_(x)
+        self.pos.copy_(pos)
+        self.slots.copy_(slots)
+        if self.kind == "verify":
+            self.lens.copy_(lens)
+            self.real.copy_(real)
+            self.table.copy_(table)
+        else:
+            row_len, row_table = feed_metadata(lens, real, table, self.qlen)
+            self.lens.copy_(row_len)
+            self.table.copy_(row_table)
+
+    def __call__(self):
+        if self.graph is None:
+            return self._run()
+        self.graph.replay()
+        return self.out
+
+
+def reference_attend(cache, lens, real, table, qlen, cfg):
+    def attend(layer, q):
+        o, _ = mla_ops.decode_verify_ref(q, cache[:, :, layer:layer + 1], cfg["kv_lora"], table,
+                                         lens, real, qlen, cfg["sm_scale"], cfg["page"])
+        return o.to(q.dtype)
+    return attend
+
+
+def step_inputs(cfg, batch, qlen, lens, table, device, gen, dtype):
+    x = torch.randn(batch * qlen, cfg["hidden"], generator=gen).to(device, dtype)
+    t = torch.arange(qlen, device=device)
+    pos = (lens.long()[:, None] - qlen + t[None, :]).reshape(-1)
+    page = cfg["page"]
+    slots = table.long().gather(1, (pos.view(batch, qlen) // page)) * page + pos.view(batch, qlen) % page
+    return x, pos, slots.reshape(-1)
+
+
+def rel_err(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def time_step(fn, device, reps):
+    """Median µs of one step: a graph replay queued behind a GPU sleep (so the host's launch
+    latency is not in it, as inside an engine's loop); on CPU one eager call."""
+    if device != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        torch.cuda._sleep(20_000_000)  # queue the replay behind a GPU sleep: no host latency
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    p.add_argument("--qlens", type=int, nargs="+", default=[2, 3, 4])
+    p.add_argument("--heads", type=int, default=None, help="query heads per GPU (default 16)")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--max-len", type=int, default=4096, help="longest KV length of a request")
+    p.add_argument("--steps", type=int, default=3, help="verify steps checked per bucket")
+    p.add_argument("--reps", type=int, default=50, help="timed replays per bucket")
+    p.add_argument("--interpret", action="store_true", help="tiny CPU run in Triton's interpreter")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if args.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    device = "cpu" if args.interpret else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("serving_step_e2e: no GPU here; pass --interpret for a tiny CPU run", file=sys.stderr)
+        return 2
+    cfg = dict(TINY if args.interpret else FULL)
+    if args.heads:
+        cfg["heads"] = args.heads
+    if args.layers:
+        cfg["layers"] = args.layers
+    dtype = torch.float16 if args.interpret else torch.bfloat16
+    max_len = 64 if args.interpret else args.max_len
+    batches = [b for b in args.batches if not args.interpret or b <= 2]
+    model = Model(cfg, device, dtype)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    pages_per = math.ceil(max_len / cfg["page"])
+    num_pages = max(batches) * pages_per + 8
+    # One cross-layer paged latent cache: [pages, page, layers, kv_lora + rope].
+    cache = torch.randn(num_pages, cfg["page"], cfg["layers"], cfg["kv_lora"] + cfg["rope"],
+                        generator=gen).to(device, dtype)
+    rows = []
+    for qlen in args.qlens if not args.interpret else args.qlens[:1]:
+        for batch in batches:
+            engines = {k: Engine(k, model, cache, batch, qlen, max_len, device, args.interpret)
+                       for k in ("verify", "feed")}
+            errs = {k: 0.0 for k in engines}
+            lens, table = make_requests(cfg, batch, qlen, max_len, args.steps, num_pages, device,
+                                        gen)
+            for _ in range(args.steps):
+                lens, real = next_step(lens, qlen, gen)
+                x, pos, slots = step_inputs(cfg, batch, qlen, lens, table, device, gen, dtype)
+                ref_cache = cache.clone()
+                ref = model.step(x, pos, slots, ref_cache,
+                                 reference_attend(ref_cache, lens, real, table, qlen, cfg))
+                for kind, eng in engines.items():
+                    eng.load(x, pos, slots, lens, real, table)
+                    out = eng()
+                    errs[kind] = max(errs[kind], rel_err(out, ref))
+            us = {k: time_step(e, device, args.reps) for k, e in engines.items()}
+            row = dict(qlen=qlen, batch=batch, heads=cfg["heads"], layers=cfg["layers"],
+                       max_len=max_len, splits=engines["verify"].plan.num_kv_splits,
+                       verify_us=us["verify"], feed_us=us["feed"],
+                       verify_tok_s=batch * qlen / us["verify"] * 1e6,
+                       feed_tok_s=batch * qlen / us["feed"] * 1e6,
+                       speedup=us["feed"] / us["verify"], err_verify=errs["verify"],
+                       err_feed=errs["feed"])
+            rows.append(row)
+            print(f"qlen {qlen} B {batch:4d}: verify {us['verify']:9.1f} us  feed "
+                  f"{us['feed']:9.1f} us  x{row['speedup']:.2f}  err {errs['verify']:.1e} / "
+                  f"{errs['feed']:.1e}", flush=True)
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    ok = all(r["err_verify"] < tol and r["err_feed"] < tol for r in rows)
+    print(f"{'all steps match the plain-PyTorch model' if ok else 'MISMATCH'} (rel. err < {tol})")
+    if args.json:
+        from benchmarks import results
+
+        results.write_json(args.json, rows)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Checked mode: metadata only the data can show wrong ends in a ValueError naming the argument,
+the request and the value — on the function (the Triton kernels, under the interpreter here),
+on the op's CPU kernel (the reference, which always validates) and on the GPU; a randomized
+fuzz against a Python oracle of validity; the capture refusal; what the GPU does without it."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import mla_ops
+from mla_ops import checked
+
+from builders import decode_case, encoder_case
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- the cases of the issue ------------------------------------------------------------------
+
+def _bad_decode(device, change):
+    case = decode_case(device, batch=3, heads=2, qlen=2, lens=(5, 40, 70), page=16, Lv=32,
+                       rope=16, dtype=torch.float16, real=(5, 40, 60), spare_pages=1)
+    args = case.op_args(num_kv_splits=2)
+    change(args, case)
+    return case, args
+
+
+def _num_pages(case):
+    return case.k_buffer.shape[0] if case.k_buffer.dim() == 4 else \
+        case.k_buffer.shape[0] // case.page_size
+
+
+DECODE_BAD = [
+    ("page-past-cache", "req_to_token: request 1 maps its page 2 to cache page",
+     lambda a, c: a["req_to_token"].__setitem__((1, 2), _num_pages(c))),
+    ("page-negative", "req_to_token: request 2 maps its page 0 to cache page -1",
+     lambda a, c: a["req_to_token"].__setitem__((2, 0), -1)),
+    ("len-past-table", "seq_lens: request 2 has length 81, more than its block table holds",
+     lambda a, c: a["seq_lens"].__setitem__(2, a["req_to_token"].shape[1] * c.page_size + 1)),
+    ("len-negative", "seq_lens: request 0 has length -3",
+     lambda a, c: a["seq_lens"].__setitem__(0, -3)),
+    ("real-past-len", "real_seq_lens: request 1 has real length 41 with seq_lens 40",
+     lambda a, c: a["real_seq_lens"].__setitem__(1, 41)),
+    ("repaged-3d-cache", "req_to_token: request",
+     lambda a, c: a.update(k_buffer=c.k_buffer.reshape(-1, 1, c.k_buffer.shape[-1]),
+                           v_buffer=c.k_buffer.reshape(-1, 1, c.k_buffer.shape[-1])[..., :32],
+                           page_size=c.page_size * 4)),
+]
+
+
+def _raises_named(message):
+    """pytest.raises(ValueError) for a message that starts with ``message`` (taken literally)."""
+    import re
+
+    return pytest.raises(ValueError, match="^" + re.escape(message))
+
+
+def _on_reference_kernel(op, args):
+    """The op's CPU kernel with the plain-PyTorch reference (not the interpreter)."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        op(**args)
+    finally:
+        os.environ["TRITON_INTERPRET"] = saved if saved is not None else "0"
+
+
+@pytest.mark.parametrize("message,change", [c[1:] for c in DECODE_BAD],
+                         ids=[c[0] for c in DECODE_BAD])
+@pytest.mark.parametrize("path", ["function-checked", "op-reference"])
+def test_bad_decode_metadata_named(device, path, message, change):
+    if path == "op-reference" and device != "cpu":
+        pytest.skip("the reference path is the CPU kernel")
+    case, args = _bad_decode(device, change)
+    o_before = args["o"].clone()
+    with _raises_named(message):
+        if path == "function-checked":
+            with mla_ops.checked_mode():
+                mla_ops.decode_attention_fwd_verify(**args)
+        else:
+            _on_reference_kernel(torch.ops.mla.decode_verify, args)
+    assert torch.equal(args["o"].view(torch.uint8), o_before.view(torch.uint8))
+
+
+def _bad_encoder(device, change):
+    case = encoder_case(device, lens=(5, 9, 0, 3), hq=2, hkv=1, d=32, dtype=torch.float16)
+    args = case.op_args()
+    change(args)
+    return args
+
+
+ENCODER_BAD = [
+    ("start-negative", "b_start_loc: sequence 1 has b_start_loc -1",
+     lambda a: a["b_start_loc"].__setitem__(1, -1)),
+    ("len-negative", "b_seq_len: sequence 3 has b_seq_len -2",
+     lambda a: a["b_seq_len"].__setitem__(3, -2)),
+    ("past-packed-tokens", "b_seq_len: sequence 3 covers tokens [14, 18), past the 17 packed",
+     lambda a: a["b_seq_len"].__setitem__(3, 4)),
+    ("overlap", "b_start_loc: sequence 1 starts at 3, inside sequence 0",
+     lambda a: a["b_start_loc"].__setitem__(1, 3)),
+    ("max-len-below", "max_input_len: 8 is below sequence 1's length 9",
+     lambda a: a.update(max_input_len=8)),
+]
+
+
+@pytest.mark.parametrize("message,change", [c[1:] for c in ENCODER_BAD],
+                         ids=[c[0] for c in ENCODER_BAD])
+@pytest.mark.parametrize("path", ["function-checked", "op-reference"])
+def test_bad_encoder_metadata_named(device, path, message, change):
+    if path == "op-reference" and device != "cpu":
+        pytest.skip("the reference path is the CPU kernel")
+    args = _bad_encoder(device, change)
+    o_before = args["o"].clone()
+    with _raises_named(message):
+        if path == "function-checked":
+            with mla_ops.checked_mode():
+                mla_ops.context_attention_fwd(**args)
+        else:
+            _on_reference_kernel(torch.ops.mla.context_attention, args)
+    assert torch.equal(args["o"].view(torch.uint8), o_before.view(torch.uint8))
+
+
+def test_checked_mode_switches():
+    saved = os.environ.pop(checked.ENV, None)
+    try:
+        mla_ops.set_checked_mode(None)
+        assert not checked.enabled()
+        with mla_ops.checked_mode():
+            assert checked.enabled()
+            with mla_ops.checked_mode(False):
+                assert not checked.enabled()
+        os.environ[checked.ENV] = "1"
+        mla_ops.set_checked_mode(False)
+        assert not checked.enabled()
+        mla_ops.set_checked_mode(None)  # back to the environment
+        assert checked.enabled()
+    finally:
+        mla_ops.set_checked_mode(None)
+        os.environ.pop(checked.ENV, None)
+        if saved is not None:
+            os.environ[checked.ENV] = saved
+
+
+def test_checked_mode_valid_input_runs(device):
+    """No valid input is refused: the kernel runs and matches the reference."""
+    case = decode_case(device, batch=3, heads=2, qlen=2, lens=(1, 40, 70), page=16, Lv=32,
+                       rope=16, dtype=torch.float16, real=(0, 40, 61))
+    with mla_ops.checked_mode():
+        o, lse = case.run(num_kv_splits=2)
+    case.assert_matches(o, lse)
+
+
+# --- fuzz: checked-mode verdicts against a Python oracle -------------------------------------
+
+def _decode_oracle(lens, real, table, num_pages, page, world, rank, interleave):
+    """Which arguments are wrong, by plain loops (empty: valid)."""
+    bad = set()
+    cap = len(table[0]) * page
+    for b, L in enumerate(lens):
+        if L < 0:
+            bad.add("seq_lens")
+            continue
+        if real is not None and not 0 <= real[b] <= L:
+            bad.add("real_seq_lens")
+        local = sum(1 for pos in range(L) if (pos // interleave) % world == rank)
+        if local > cap:
+            bad.add("seq_lens")
+            continue
+        for j in range(-(-local // page)):
+            if not 0 <= table[b][j] < num_pages:
+                bad.add("req_to_token")
+    return bad
+
+
+def _encoder_oracle(starts, lens, total, max_len):
+    bad = set()
+    if any(s < 0 for s in starts):
+        bad.add("b_start_loc")
+    if any(n < 0 for n in lens):
+        bad.add("b_seq_len")
+    if bad:
+        return bad
+    if any(s + n > total for s, n in zip(starts, lens)):
+        bad.add("b_seq_len")
+    if lens and max(lens) > max_len:
+        bad.add("max_input_len")
+    live = sorted((s, s + n) for s, n in zip(starts, lens) if n > 0)
+    if any(b0 < a1 for (a0, a1), (b0, b1) in zip(live, live[1:])):
+        bad.add("b_start_loc")
+    return bad
+
+
+def _verdict(fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+        return None
+    except ValueError as e:
+        return str(e).split(":")[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fuzz_decode_metadata_against_oracle(seed):
+    rng = random.Random(seed)
+    seen = {"valid": 0, "invalid": 0}
+    for _ in range(150):
+        batch, page = rng.randint(1, 4), rng.choice([1, 4, 16])
+        pages_per, num_pages = rng.randint(1, 4), rng.randint(1, 12)
+        world = rng.choice([1, 1, 2, 3])
+        rank, interleave = rng.randrange(world), rng.choice([1, 2, 16])
+        valid_table = rng.random() < 0.7
+        table = [[rng.randrange(num_pages) if valid_table or rng.random() < 0.8
+                  else rng.choice([-1, num_pages, num_pages + 5]) for _ in range(pages_per)]
+                 for _ in range(batch)]
+        cap = pages_per * page * world
+        lens = [rng.randint(-1 if rng.random() < 0.05 else 0, cap + 2) for _ in range(batch)]
+        real = None if rng.random() < 0.4 else [
+            min(L, rng.randint(0, max(0, L))) + (1 if rng.random() < 0.05 else 0) for L in lens]
+        cache = torch.empty(num_pages, page, 1, 48)
+        i32 = dict(dtype=torch.int32)
+        args = dict(q=torch.empty(batch * 2, 2, 48), k_buffer=cache, v_buffer=cache[..., :32],
+                    o=torch.empty(batch * 2, 2, 32), lse=torch.empty(batch * 2, 2),
+                    req_to_token=torch.tensor(table, **i32), seq_lens=torch.tensor(lens, **i32),
+                    real_seq_lens=None if real is None else torch.tensor(real, **i32), qlen=2,
+                    attn_logits=None, num_kv_splits=1, sm_scale=0.5, page_size=page,
+                    k_scale=None, cp_world=world, cp_rank=rank, cp_interleave=interleave)
+        want = _decode_oracle(lens, real, table, num_pages, page, world, rank, interleave)
+        got = _verdict(checked.validate_decode_verify, **args)
+        assert (got is None) == (not want), (args, want, got)
+        assert got is None or got in want, (args, want, got)
+        seen["invalid" if want else "valid"] += 1
+    assert min(seen.values()) > 20, seen  # the generator exercises both sides
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fuzz_encoder_metadata_against_oracle(seed):
+    rng = random.Random(100 + seed)
+    seen = {"valid": 0, "invalid": 0}
+    for _ in range(200):
+        n = rng.randint(1, 5)
+        lens = [rng.choice([0, rng.randint(1, 9)]) for _ in range(n)]
+        starts, pos = [], 0
+        for length in lens:  # packed in order, then perturbed
+            starts.append(pos)
+            pos += length + rng.choice([0, 0, 1])
+        total = pos + rng.choice([0, 0, -1, 2])
+        if rng.random() < 0.3:
+            i = rng.randrange(n)
+            starts[i] += rng.choice([-2, -1, 1, 3])
+        if rng.random() < 0.1:
+            lens[rng.randrange(n)] = -1
+        max_len = max(lens + [0]) + rng.choice([0, 0, 0, -1, 2])
+        if max_len < 0 or total < 1:
+            continue
+        x = torch.empty(total, 2, 16)
+        args = (x, x, x, x, torch.tensor(starts, dtype=torch.int32),
+                torch.tensor(lens, dtype=torch.int32), max_len)
+        want = _encoder_oracle(starts, lens, total, max_len)
+        got = _verdict(checked.validate_context_attention, *args)
+        assert (got is None) == (not want), (starts, lens, total, max_len, want, got)
+        assert got is None or got in want, (starts, lens, total, max_len, want, got)
+        seen["invalid" if want else "valid"] += 1
+    assert min(seen.values()) > 20, seen
+
+
+# --- GPU -------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_checked_mode_refuses_capture(device):
+    case = decode_case(device, batch=2, heads=16, qlen=2, lens=(100, 300), page=64, Lv=512,
+                       rope=64, dtype=torch.bfloat16)
+    args = case.op_args(num_kv_splits=1)
+    mla_ops.decode_attention_fwd_verify(**args)  # compiles outside the capture
+    g = torch.cuda.CUDAGraph()
+    with mla_ops.checked_mode(), pytest.raises(RuntimeError, match="CUDA graph capture"):
+        with torch.cuda.graph(g):
+            mla_ops.decode_attention_fwd_verify(**args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["function", "op"])
+def test_gpu_checked_mode_names_a_page_past_the_cache(device, path):
+    case = decode_case(device, batch=2, heads=16, qlen=2, lens=(100, 300), page=64, Lv=512,
+                       rope=64, dtype=torch.bfloat16)
+    args = case.op_args(num_kv_splits=2)
+    args["req_to_token"][1, 3] = 10 ** 6
+    fn = mla_ops.decode_attention_fwd_verify if path == "function" else torch.ops.mla.decode_verify
+    with mla_ops.checked_mode(), pytest.raises(ValueError, match="^req_to_token: request 1 maps "
+                                               "its page 3 to cache page 1000000"):
+        fn(**args)
+
+
+OOB = textwrap.dedent(r"""
+    import json, sys, torch
+    sys.path.insert(0, "tests")
+    import mla_ops
+    from builders import decode_case
+    case = decode_case("cuda", batch=2, heads=16, qlen=2, lens=(100, 3000), page=64, Lv=512,
+                       rope=64, dtype=torch.bfloat16)
+    args = case.op_args(num_kv_splits=1)
+    ref_o, _ = case.reference()
+    args["req_to_token"][1, 20] = int(sys.argv[1])   # one page far past the cache
+    out = {"page": int(sys.argv[1])}
+    try:
+        mla_ops.decode_attention_fwd_verify(**args)
+        torch.cuda.synchronize()
+        o = args["o"].float()
+        out["result"] = "completed"
+        out["nan"] = bool(torch.isnan(o).any())
+        out["max_err_request_1"] = float((o[2:] - ref_o[2:]).abs().nan_to_num(1e30).max())
+        out["request_0_exact"] = bool(torch.allclose(o[:2], ref_o[:2], atol=2e-2, rtol=2e-2))
+    except Exception as e:
+        out["result"] = type(e).__name__ + ": " + str(e).splitlines()[0][:200]
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [2 ** 20, 2 ** 28])
+def test_gpu_out_of_range_page_without_checked_mode(page):
+    """What the GPU does with a page index past the cache when nobody checks (recorded in the
+    README's bad-input section): the kernel reads memory it does not own. Run in a child
+    process, since an illegal address poisons the CUDA context."""
+    env = {**os.environ, "PYTHONPATH": ROOT, checked.ENV: "0"}
+    proc = subprocess.run([sys.executable, "-c", OOB, str(page)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, env=env)
+    line = (proc.stdout.strip().splitlines() or [""])[-1]
+    print(f"page {page}: exit {proc.returncode}, {line or proc.stderr[-500:]}")
+    if proc.returncode == 0 and line.startswith("{"):
+        import json
+
+        out = json.loads(line)
+        # Either the GPU faulted (reported as an error) or it read garbage: never a right answer
+        # for the request whose page is wrong, and the other request stays right.
+        assert out["result"] != "completed" or (out["nan"] or out["max_err_request_1"] > 1e-2)
+        assert out["result"] != "completed" or out["request_0_exact"]
+    else:
+        assert "illegal" in (proc.stdout + proc.stderr).lower() or proc.returncode != 0
