@@ -389,3 +389,351 @@ def _verify_stage1_ws(
     for st in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(kv_ready.index(st))
         mbarrier.invalidate(kv_empty.index(st))
+
+
+# ---------------------------------------------------------------------------------------------
+# The alternating schedule (bf16 caches): no redundant score wgmma.
+#
+# Block j is *owned* by consumer group j % 2 (it lives in stage j % 2 of a 2-stage ring, so a
+# group's own blocks are always in its own stage). The owner computes S_j = Q K_j^T alone and
+# the softmax of block j against the running row max of blocks < j (kept in shared memory,
+# ``sm_smem``), and publishes P_j (bf16, ``sp_smem[j % 2]``) and the rescale factor
+# alpha_j = exp2(m_{j-1} - m_j) (``sa_smem[j % 2]``) through ``p_ready[j % 2]``. Both groups
+# then rescale their half of O by alpha_j and add P_j V_j[:, half] (wgmma, P from shared
+# memory). The softmaxes run in block order, one group after the other; a group's score wgmmas
+# for its next block and the other group's P.V wgmma run meanwhile. Each group keeps the row
+# sums of its own blocks (rescaled by every alpha); the two are added at the end.
+#
+# The ring is tracked per half block: half 0 = column tiles 0-3 (group 0's V half), half 1 =
+# tiles 4-8 (group 1's V half and the rope). A half goes back to the producer when its group's
+# P.V wgmma on it is done (the owner's score wgmma, which also reads it, is done before P is
+# published). The rope tile of Q lives in registers (``q_rope``), so that Q (64 KB) + 2 KV
+# stages (144 KB) + 2 P tiles (16 KB) fit in 227 KB; it is TMA'd into ``sp_smem[1]`` first,
+# which group 1 only writes after group 0 has read it (after ``p_ready[0]``).
+# ---------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
+                  Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                  SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
+                  N_DT: gl.constexpr):
+    """1 warp: Q (tiles 0-7 to ``q_smem``, the rope tile to ``sp_smem[1]``), then each block
+    into stage ``i % 2`` by halves, the owner's half first (it is freed first)."""
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N)
+    if n_blocks > 0:
+        q_tok = pid_b * qlen + tok0
+        mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
+        for c in gl.static_range(N_DT - 1):
+            tma.async_copy_global_to_shared(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
+        rope_dst = sp_smem.index(1)._reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+        tma.async_copy_global_to_shared(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
+    req_row = pid_b.to(gl.int64) * stride_req_b
+    page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
+    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
+    for i in range(n_blocks):
+        s = i % 2
+        ph = ((i // 2) & 1) ^ 1
+        start = split_start + i * BLOCK_N
+        page_next = gl.load(Req_to_Token + req_row + (start + BLOCK_N) // page_size,
+                            mask=i + 1 < n_blocks, other=0)
+        tok = start % page_size
+        for hh in gl.static_range(2):
+            h = (s + hh) % 2  # the owner's half first
+            mbarrier.wait(empty.index(2 * s + h), ph)
+            bar = ready.index(2 * s + h)
+            if h == 0:
+                mbarrier.expect(bar, HALF0 * k_desc.block_type.nbytes)
+                for c in gl.static_range(HALF0):
+                    tma.async_copy_global_to_shared(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+            else:
+                mbarrier.expect(bar, (N_DT - HALF0) * k_desc.block_type.nbytes)
+                for c in gl.static_range(HALF0, N_DT):
+                    tma.async_copy_global_to_shared(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+        page = page_next
+
+
+@gluon.jit
+def _zero_v_tail(kv_smem, base, V0: gl.constexpr, V_TILES: gl.constexpr, n_valid, BLOCK_N: gl.constexpr):
+    """Zero rows ``>= n_valid`` of this group's V tiles of a block (NaN guard of the tail)."""
+    TILE_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    kk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, TILE_L))
+    keep = (kk < n_valid)[:, None]
+    for c in gl.static_range(V_TILES):
+        t = kv_smem.index(base + V0 + c).reshape([BLOCK_N, _DT])
+        x = t.load(TILE_L)
+        t.store(gl.where(keep, x, gl.zeros_like(x)))
+    fence_async_shared()
+
+
+@gluon.jit
+def _scores_alt(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, base, zero, ph, qk, acc0, acc1, acc2, acc3,
+                BLOCK_N: gl.constexpr, N_DT: gl.constexpr):
+    """``S = Q K^T`` of the block in tiles ``base ..``: 9 async wgmmas, this group's V half's
+    tiles first (they are loaded first), then a wait that also retires the P.V wgmmas on
+    acc0..3 queued before them. Returns (S, acc0..3)."""
+    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles of half 0; half 1: the rest, rope included
+    if WG == 0:
+        mbarrier.wait(ready.index(base // N_DT * 2 + 0), ph)
+        qk = warpgroup_mma(q_smem.index(zero).reshape([_BM, _DT]),
+                           kv_smem.index(base).reshape([BLOCK_N, _DT]).permute((1, 0)),
+                           qk, use_acc=False, is_async=True)
+        for c in gl.static_range(1, HALF0):
+            qk = warpgroup_mma(q_smem.index(c + zero).reshape([_BM, _DT]),
+                               kv_smem.index(base + c).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
+        mbarrier.wait(ready.index(base // N_DT * 2 + 1), ph)
+        for c in gl.static_range(HALF0, N_DT - 1):
+            qk = warpgroup_mma(q_smem.index(c + zero).reshape([_BM, _DT]),
+                               kv_smem.index(base + c).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
+        qk = warpgroup_mma(q_rope, kv_smem.index(base + N_DT - 1).reshape([BLOCK_N, _DT]).permute((1, 0)),
+                           qk, is_async=True)
+    else:
+        mbarrier.wait(ready.index(base // N_DT * 2 + 1), ph)
+        qk = warpgroup_mma(q_rope, kv_smem.index(base + N_DT - 1).reshape([BLOCK_N, _DT]).permute((1, 0)),
+                           qk, use_acc=False, is_async=True)
+        for c in gl.static_range(HALF0, N_DT - 1):
+            qk = warpgroup_mma(q_smem.index(c + zero).reshape([_BM, _DT]),
+                               kv_smem.index(base + c).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
+        mbarrier.wait(ready.index(base // N_DT * 2 + 0), ph)
+        for c in gl.static_range(0, HALF0):
+            qk = warpgroup_mma(q_smem.index(c + zero).reshape([_BM, _DT]),
+                               kv_smem.index(base + c).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
+    return warpgroup_mma_wait(0, deps=(qk, acc0, acc1, acc2, acc3))
+
+
+@gluon.jit
+def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem,
+                  q_bar, ready, empty, p_ready, p_free, l_bar,
+                  Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads,
+                  stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+                  TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                  MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
+                  LV: gl.constexpr, SINGLE: gl.constexpr):
+    """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
+    and output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    OP_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    V_TILES: gl.constexpr = LV // _DT // 2
+    V0: gl.constexpr = WG * V_TILES
+    HALF0: gl.constexpr = (N_DT - 1) // 2
+
+    pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N)
+    rows = gl.arange(0, _BM, layout=ROW)
+    tok = tok0 + rows // HEAD_BOX
+    row_valid = tok < qlen
+    lim = gl.where(row_valid, _row_limit(tok, seq_len, real_len, qlen), max_lim)
+    lim = gl.minimum(lim, kv_end)
+
+    mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
+    q_rope = sp_smem.index(1).load(OP_A)  # [64, 64] bf16, the A operand of the rope wgmma
+    acc0 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    acc1 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    acc2 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    acc3 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    l_i = gl.zeros([_BM], gl.float32, ROW)
+    qk = gl.zeros([_BM, BLOCK_N], gl.float32, MMA)
+
+    # Iterations j = WG, WG + 2, ... <= n_blocks: my blocks j < n_blocks and the other group's j - 1.
+    n_iter = gl.where(n_blocks > 0, (n_blocks - WG) // 2 + 1, 0)
+    for it in range(n_iter):
+        j = WG + 2 * it  # my block; this iteration first does my half of the other group's j - 1
+        # My blocks are always in my stage (s == j % 2 == WG). Written with an opaque zero (seq_len
+        # is never negative) so that the compiler recomputes the ~25 shared-memory descriptors per
+        # block instead of keeping them live across the loop (that spilled 1.6 KB).
+        zero = it * (seq_len < 0).to(gl.int32)
+        s = WG + zero
+        base = s * N_DT
+        # (Asynchronous accumulators never cross an if / loop boundary in flight: ptxas would
+        # serialize the wgmmas. Every branch below ends with a full wait.)
+        if j >= 1:
+            jp = j - 1
+            sp = 1 - WG + zero  # == jp % 2
+            mbarrier.wait(p_ready.index(sp), (jp // 2) & 1)
+            alpha = sa_smem.index(sp).load(ROW)
+            l_i = l_i * alpha
+            acc0 = acc0 * alpha[:, None]
+            acc1 = acc1 * alpha[:, None]
+            acc2 = acc2 * alpha[:, None]
+            acc3 = acc3 * alpha[:, None]
+            start_p = split_start + jp * BLOCK_N
+            if start_p + BLOCK_N > kv_end:
+                _zero_v_tail(kv_smem, sp * N_DT, V0, V_TILES, kv_end - start_p, BLOCK_N)
+            p_sm = sp_smem.index(sp)
+            t0 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 0).reshape([BLOCK_N, _DT]), acc0, is_async=True)
+            t1 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 1).reshape([BLOCK_N, _DT]), acc1, is_async=True)
+            t2 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 2).reshape([BLOCK_N, _DT]), acc2, is_async=True)
+            t3 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 3).reshape([BLOCK_N, _DT]), acc3, is_async=True)
+            if j < n_blocks:
+                # My scores, queued behind that P.V; the wait retires both.
+                qk, acc0, acc1, acc2, acc3 = _scores_alt(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1,
+                                                         qk, t0, t1, t2, t3, BLOCK_N, N_DT)
+            else:
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+            mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
+            mbarrier.arrive(p_free.index(sp), count=1)
+        else:
+            qk, acc0, acc1, acc2, acc3 = _scores_alt(WG, q_smem, q_rope, kv_smem, ready, base, zero, 0,
+                                                     qk, acc0, acc1, acc2, acc3, BLOCK_N, N_DT)
+        if j < n_blocks:
+            ph = (j // 2) & 1
+            start = split_start + j * BLOCK_N
+            sc = qk * qk_scale
+            if start + BLOCK_N > full_end:
+                keys = start + gl.arange(0, BLOCK_N, layout=COL)
+                sc = gl.where(keys[None, :] < lim[:, None], sc, float("-inf"))
+            m_prev = sm_smem.load(ROW)
+            m_prev = gl.where(j > 0, m_prev, float("-inf"))  # (garbage before block 0)
+            m_new = gl.maximum(m_prev, gl.max(sc, axis=1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_prev - m_safe)
+            p = gl.exp2(sc - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            # Publish P_j, alpha_j, m_j once both groups are done with P_{j-2}'s tile.
+            mbarrier.wait(p_free.index(s), ph ^ 1)
+            sp_smem.index(s).store(p.to(gl.bfloat16))
+            sa_smem.index(s).store(alpha)
+            sm_smem.store(m_new)
+            fence_async_shared()
+            mbarrier.arrive(p_ready.index(s), count=1)
+            acc0 = acc0 * alpha[:, None]
+            acc1 = acc1 * alpha[:, None]
+            acc2 = acc2 * alpha[:, None]
+            acc3 = acc3 * alpha[:, None]
+            if start + BLOCK_N > kv_end:
+                _zero_v_tail(kv_smem, base, V0, V_TILES, kv_end - start, BLOCK_N)
+            p_sm = sp_smem.index(s)
+            acc0 = warpgroup_mma(p_sm, kv_smem.index(base + V0 + 0).reshape([BLOCK_N, _DT]), acc0, is_async=True)
+            acc1 = warpgroup_mma(p_sm, kv_smem.index(base + V0 + 1).reshape([BLOCK_N, _DT]), acc1, is_async=True)
+            acc2 = warpgroup_mma(p_sm, kv_smem.index(base + V0 + 2).reshape([BLOCK_N, _DT]), acc2, is_async=True)
+            acc3 = warpgroup_mma(p_sm, kv_smem.index(base + V0 + 3).reshape([BLOCK_N, _DT]), acc3, is_async=True)
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(acc0, acc1, acc2, acc3))
+            mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half of my block j is done
+            mbarrier.arrive(p_free.index(s), count=1)
+
+    # l = my row sums + the other group's; m = the last published running max.
+    sl_smem.index(WG).store(l_i)
+    mbarrier.arrive(l_bar, count=1)
+    mbarrier.wait(l_bar, 0)
+    l_i = l_i + sl_smem.index(1 - WG).load(ROW)
+    m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
+    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, 1.0, O, Lse, Mid, pid_b, pid_s, tok0, head0, qlen,
+               stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+               HEAD_BOX, LV, SINGLE, MMA)
+
+
+@gluon.jit
+def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, O, Lse, Mid, pid_b, pid_s,
+               tok0, head0, qlen, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+               stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
+               MMA: gl.constexpr):
+    """o (or the split's partial o and its lse) of this group's columns from the accumulators:
+    rows that saw no key get o = 0 and lse = -inf."""
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    has_key = l_i > 0.0
+    inv_l = gl.where(has_key, v_scale / gl.where(has_key, l_i, 1.0), 0.0)[:, None]
+    lse = gl.where(has_key, (m_i + gl.log2(gl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
+    rows = gl.arange(0, _BM, layout=ROW)
+    tok = tok0 + rows // HEAD_BOX
+    head = head0 + rows % HEAD_BOX
+    row_valid = tok < qlen
+    q_row = (pid_b * qlen + tok).to(gl.int64)
+    cols = gl.arange(0, _DT, layout=COL)
+    mask = row_valid[:, None] & (cols[None, :] < _DT)
+    col0 = WG * (LV // 2)
+    if SINGLE:
+        p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + col0 + cols[None, :]
+        gl.store(p_o, (acc0 * inv_l).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + _DT, (acc1 * inv_l).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + 2 * _DT, (acc2 * inv_l).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + 3 * _DT, (acc3 * inv_l).to(O.dtype.element_ty), mask=mask)
+        if WG == 0:
+            gl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=row_valid)
+    else:
+        p_m = (Mid + q_row[:, None] * stride_mid_m + head[:, None] * stride_mid_h
+               + pid_s * stride_mid_s + col0 + cols[None, :])
+        gl.store(p_m, acc0 * inv_l, mask=mask)
+        gl.store(p_m + _DT, acc1 * inv_l, mask=mask)
+        gl.store(p_m + 2 * _DT, acc2 * inv_l, mask=mask)
+        gl.store(p_m + 3 * _DT, acc3 * inv_l, mask=mask)
+        if WG == 0:
+            gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV, lse,
+                     mask=row_valid)
+
+
+@gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
+                              "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
+                              "page_size"])
+def _verify_stage1_alt(
+    q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse, K_Scale,
+    stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
+    num_kv_splits, qlen, num_heads, page_size,
+    LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+):
+    """Stage 1 with the alternating schedule (bf16 caches only; same arguments as
+    ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2)."""
+    N_DT: gl.constexpr = LK // _DT
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
+    gl.static_assert(LV == 8 * _DT)
+    gl.static_assert(NUM_STAGES == 2)
+    gl.static_assert(not k_desc.dtype.is_fp8())
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_DT - 1, TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+    kv_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
+    sp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, _BM, BLOCK_N],
+                                        gl.NVMMASharedLayout.get_default_for([_BM, BLOCK_N], gl.bfloat16))
+    ROWS_L: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    sm_smem = gl.allocate_shared_memory(gl.float32, [_BM], ROWS_L)
+    sa_smem = gl.allocate_shared_memory(gl.float32, [2, _BM], ROWS_L)
+    sl_smem = gl.allocate_shared_memory(gl.float32, [2, _BM], ROWS_L)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # [stage * 2 + half]
+    empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    l_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(l_bar, count=2)
+    for i in gl.static_range(4):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)  # a half is released by the group whose V it is
+    for i in gl.static_range(2):
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(p_free.index(i), count=2)
+
+    gl.warp_specialize([
+        (_consumer_alt, (0, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
+                         p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
+                         qlen, num_heads, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                         stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                         N_DT, LV, SINGLE)),
+        (_consumer_alt, (1, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
+                         p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
+                         qlen, num_heads, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                         stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                         N_DT, LV, SINGLE)),
+        (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
+                         Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                         SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    mbarrier.invalidate(q_bar)
+    mbarrier.invalidate(l_bar)
+    for i in gl.static_range(4):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+    for i in gl.static_range(2):
+        mbarrier.invalidate(p_ready.index(i))
+        mbarrier.invalidate(p_free.index(i))
