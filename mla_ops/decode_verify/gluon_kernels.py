@@ -471,11 +471,10 @@ def _zero_v_tail(kv_smem, base, V0: gl.constexpr, V_TILES: gl.constexpr, n_valid
 
 
 @gluon.jit
-def _scores_alt(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, base, zero, ph, qk, acc0, acc1, acc2, acc3,
-                BLOCK_N: gl.constexpr, N_DT: gl.constexpr):
-    """``S = Q K^T`` of the block in tiles ``base ..``: 9 async wgmmas, this group's V half's
-    tiles first (they are loaded first), then a wait that also retires the P.V wgmmas on
-    acc0..3 queued before them. Returns (S, acc0..3)."""
+def _issue_scores(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, base, zero, ph, qk,
+                  BLOCK_N: gl.constexpr, N_DT: gl.constexpr):
+    """Issue ``S = Q K^T`` of the block in tiles ``base ..``: 9 async wgmmas, this group's V
+    half's tiles first (they are loaded first); returns the in-flight accumulator."""
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles of half 0; half 1: the rest, rope included
     if WG == 0:
         mbarrier.wait(ready.index(base // N_DT * 2 + 0), ph)
@@ -502,7 +501,32 @@ def _scores_alt(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, base, zero, ph
         for c in gl.static_range(0, HALF0):
             qk = warpgroup_mma(q_smem.index(c + zero).reshape([_BM, _DT]),
                                kv_smem.index(base + c).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
-    return warpgroup_mma_wait(0, deps=(qk, acc0, acc1, acc2, acc3))
+    return qk
+
+
+@gluon.jit
+def _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, jp, l_i, acc0, acc1, acc2, acc3, split_start, kv_end,
+             V0: gl.constexpr, V_TILES: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
+             ROW: gl.constexpr):
+    """The other group's block jp (stage / P tile sp): wait for its P and alpha, rescale my O
+    half and row sums, zero the tail's V rows, issue my half of P V. Returns (l, the 4
+    in-flight accumulators)."""
+    mbarrier.wait(p_ready.index(sp), (jp // 2) & 1)
+    alpha = sa_smem.index(sp).load(ROW)
+    l_i = l_i * alpha
+    acc0 = acc0 * alpha[:, None]
+    acc1 = acc1 * alpha[:, None]
+    acc2 = acc2 * alpha[:, None]
+    acc3 = acc3 * alpha[:, None]
+    start_p = split_start + jp * BLOCK_N
+    if start_p + BLOCK_N > kv_end:
+        _zero_v_tail(kv_smem, sp * N_DT, V0, V_TILES, kv_end - start_p, BLOCK_N)
+    p_sm = sp_smem.index(sp)
+    t0 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 0).reshape([BLOCK_N, _DT]), acc0, is_async=True)
+    t1 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 1).reshape([BLOCK_N, _DT]), acc1, is_async=True)
+    t2 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 2).reshape([BLOCK_N, _DT]), acc2, is_async=True)
+    t3 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 3).reshape([BLOCK_N, _DT]), acc3, is_async=True)
+    return l_i, t0, t1, t2, t3
 
 
 @gluon.jit
@@ -512,7 +536,7 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
                   stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                   TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
-                  LV: gl.constexpr, SINGLE: gl.constexpr):
+                  LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr):
     """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
     and output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -552,37 +576,46 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
         zero = it * (seq_len < 0).to(gl.int32)
         s = WG + zero
         base = s * N_DT
-        # (Asynchronous accumulators never cross an if / loop boundary in flight: ptxas would
-        # serialize the wgmmas. Every branch below ends with a full wait.)
-        if j >= 1:
-            jp = j - 1
-            sp = 1 - WG + zero  # == jp % 2
-            mbarrier.wait(p_ready.index(sp), (jp // 2) & 1)
-            alpha = sa_smem.index(sp).load(ROW)
-            l_i = l_i * alpha
-            acc0 = acc0 * alpha[:, None]
-            acc1 = acc1 * alpha[:, None]
-            acc2 = acc2 * alpha[:, None]
-            acc3 = acc3 * alpha[:, None]
-            start_p = split_start + jp * BLOCK_N
-            if start_p + BLOCK_N > kv_end:
-                _zero_v_tail(kv_smem, sp * N_DT, V0, V_TILES, kv_end - start_p, BLOCK_N)
-            p_sm = sp_smem.index(sp)
-            t0 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 0).reshape([BLOCK_N, _DT]), acc0, is_async=True)
-            t1 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 1).reshape([BLOCK_N, _DT]), acc1, is_async=True)
-            t2 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 2).reshape([BLOCK_N, _DT]), acc2, is_async=True)
-            t3 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 3).reshape([BLOCK_N, _DT]), acc3, is_async=True)
+        # (Asynchronous accumulators never leave the branch that issued them in flight, or
+        # ptxas serializes the wgmmas: every branch below ends with a full wait.)
+        sp = 1 - WG + zero  # stage and P tile of the other group's block j - 1
+        if QK_FIRST:
+            # My scores first (they only need my block's tiles), then my half of P_{j-1} V_{j-1}
+            # once the other group has published P_{j-1}: the scores run during its softmax.
             if j < n_blocks:
-                # My scores, queued behind that P.V; the wait retires both.
-                qk, acc0, acc1, acc2, acc3 = _scores_alt(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1,
-                                                         qk, t0, t1, t2, t3, BLOCK_N, N_DT)
+                tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1, qk,
+                                   BLOCK_N, N_DT)
+                if j >= 1:
+                    l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
+                                                   acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT,
+                                                   ROW)
+                    qk, acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(tq, t0, t1, t2, t3))
+                    mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
+                    mbarrier.arrive(p_free.index(sp), count=1)
+                else:
+                    qk = warpgroup_mma_wait(0, deps=(tq, ))
             else:
+                l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
+                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
-            mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-            mbarrier.arrive(p_free.index(sp), count=1)
+                mbarrier.arrive(empty.index(2 * sp + WG), count=1)
+                mbarrier.arrive(p_free.index(sp), count=1)
         else:
-            qk, acc0, acc1, acc2, acc3 = _scores_alt(WG, q_smem, q_rope, kv_smem, ready, base, zero, 0,
-                                                     qk, acc0, acc1, acc2, acc3, BLOCK_N, N_DT)
+            # My half of P_{j-1} V_{j-1} first, my scores queued behind it.
+            if j >= 1:
+                l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
+                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
+                if j < n_blocks:
+                    tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1, qk,
+                                       BLOCK_N, N_DT)
+                    qk, acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(tq, t0, t1, t2, t3))
+                else:
+                    acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+                mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
+                mbarrier.arrive(p_free.index(sp), count=1)
+            else:
+                tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, 0, qk, BLOCK_N, N_DT)
+                qk = warpgroup_mma_wait(0, deps=(tq, ))
         if j < n_blocks:
             ph = (j // 2) & 1
             start = split_start + j * BLOCK_N
@@ -679,7 +712,7 @@ def _verify_stage1_alt(
     num_kv_splits, qlen, num_heads, page_size,
     LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, QK_FIRST: gl.constexpr = False,
 ):
     """Stage 1 with the alternating schedule (bf16 caches only; same arguments as
     ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2)."""
@@ -719,12 +752,12 @@ def _verify_stage1_alt(
                          p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
                          qlen, num_heads, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                         N_DT, LV, SINGLE)),
+                         N_DT, LV, SINGLE, QK_FIRST)),
         (_consumer_alt, (1, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
                          p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
                          qlen, num_heads, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                         N_DT, LV, SINGLE)),
+                         N_DT, LV, SINGLE, QK_FIRST)),
         (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
                          Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                          SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT)),

@@ -59,6 +59,9 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # compute every block's scores, no exchange: _verify_stage1_ws). fp8 caches always run
     # the redundant kernel (it dequantizes each block into one fp16 tile).
     "SCHEDULE": "alt",
+    # "alt" only: a group issues the score wgmmas of its next block before it waits for the other
+    # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
+    "QK_FIRST": 0,
 }
 
 _LOG2E = 1.4426950408889634
@@ -200,6 +203,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     grid = (gluon_row_blocks(qlen, num_heads) * batch * num_kv_splits,)
     fp8 = k_buffer.dtype == torch.float8_e4m3fn
     kernel = _gk._verify_stage1_alt if (c["SCHEDULE"] == "alt" and not fp8) else _gk._verify_stage1_ws
+    extra = {"QK_FIRST": bool(c["QK_FIRST"])} if kernel is _gk._verify_stage1_alt else {}
     kernel[grid](
         q_desc, k_desc, float(sm_scale) * _LOG2E, req_to_token, seq_lens,
         real_lens if has_real else seq_lens, mid_t, o, lse, k_scale,
@@ -208,6 +212,6 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         LV=Lv, LK=q.shape[-1], BLOCK_N=c["BLOCK_N"], NUM_STAGES=c["NUM_STAGES"],
         SPLIT_ALIGN=c["SPLIT_ALIGN"], MIN_SPLIT_LEN=c["MIN_SPLIT_LEN"], SINGLE=single,
         PRODUCER_REGS=c["PRODUCER_REGS"], CONSUMER_REGS=c["CONSUMER_REGS"],
-        num_warps=c["num_warps"],
+        num_warps=c["num_warps"], **extra,
     )
 
