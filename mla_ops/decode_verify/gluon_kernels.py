@@ -8,19 +8,22 @@ row ``r`` is token ``tok0 + r // HEAD_BOX`` and head ``head0 + r % HEAD_BOX``
 (``HEAD_BOX = min(H, 64)``). Rows past the request's tokens are padding: computed on whatever
 Q the TMA box brings (the next request's rows, or zeros past the tensor), never stored.
 
-Three partitions (``gl.warp_specialize``):
+Two kernels, each with three partitions (``gl.warp_specialize``): a 1-warp **producer** that
+TMA-loads the Q tile once (9 column tiles ``[64, 64]``) and the KV blocks ``[BLOCK_N, Lk]`` of
+the split through a rank-3 host descriptor ``[num_pages, page_size, Lk]`` (one block-table read
+per block; a strided cache, such as a layer's view of a cross-layer cache, is the descriptor's
+page stride), each block as 9 column tiles ``[BLOCK_N, 64]`` into a 2-stage ring; and two
+4-warp **consumer** warpgroups that split the 512 V columns, i.e. the output (group w owns
+``O[:, 256w:256w+256]``).
 
-- the **producer** (1 warp): TMA loads of the Q tile (9 column tiles ``[64, 64]``, once) and
-  of the KV blocks ``[BLOCK_N, Lk]`` of the split through a rank-3 host descriptor
-  ``[num_pages, page_size, Lk]`` (one block-table read per block; a strided cache, such as a
-  layer's view of a cross-layer cache, is the descriptor's page stride), each block as 9
-  column tiles ``[BLOCK_N, 64]`` into a ring of ``NUM_STAGES`` stages (``kv_ready`` /
-  ``kv_empty`` mbarriers);
-- two **consumer** warpgroups (4 warps each) that split the 512 V columns, i.e. the output:
-  each computes the scores ``S = Q K^T`` of the whole block (9 async wgmmas, Q and K from
-  shared memory), the online softmax in registers, and ``O[:, 256w:256w+256] += P V`` (4 async
-  wgmmas, P from registers). The score wgmmas are the same in both groups: redundant MMA
-  work, in exchange for groups that never wait for each other (no P / max exchange).
+- ``_verify_stage1_alt`` (bf16 caches; the default): block j's scores ``S = Q K^T`` and its
+  softmax are computed by group ``j % 2`` only, which publishes P (bf16) and the rescale
+  factor through shared memory; both groups then add their half of ``P V``. See the comment
+  above ``_producer_alt``.
+- ``_verify_stage1_ws`` ("redundant", and every fp8 cache): each group computes the scores of
+  every block itself (the same wgmmas: 53% of the FLOPs done twice), the online softmax in
+  registers and its half of ``P V`` with P from registers; the groups never wait for each
+  other.
 
 fp8 (e4m3) caches (``KV_FP8``): the producer loads the fp8 tile (half the bytes) into an fp8
 ring; the consumers dequantize it into one fp16 tile in shared memory (each group converts
@@ -36,6 +39,11 @@ past a row's limit are replaced by -inf (``where``, whatever the key holds), and
 block of a CTA the V rows past its last key are zeroed in shared memory before any P.V wgmma
 reads them (0 * NaN would be NaN): bf16: each group zeroes its own V half; fp8: the
 conversion writes zeros there.
+
+Register budget: 232 per consumer thread, 24 for the producer (``setmaxnreg``; the first
+consumer group is the default partition and keeps the parent's 248). Descriptors of shared
+tiles that do not change across the block loop are indexed with an opaque zero so that the
+compiler recomputes them per block instead of keeping ~25 of them live (that spilled).
 """
 
 from triton.experimental import gluon

@@ -29,6 +29,7 @@ __all__ = [
     "GLUON_DEFAULT_CONFIG",
     "gluon_available",
     "gluon_unsupported_reason",
+    "gluon_recommended_config",
     "gluon_row_blocks",
     "launch_verify_stage1_gluon",
 ]
@@ -40,16 +41,18 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # KV tokens per block (one TMA batch of 9 column tiles [BLOCK_N, 64]). Fixed at 64: a
     # block must lie in one page (page_size % BLOCK_N == 0) and is the scores wgmma's N.
     "BLOCK_N": 64,
-    # KV ring depth. 2 is what fits: Q 72 KB + 2 x 72 KB (bf16) = 216 KB of the 227 KB
-    # (fp8: Q 72 KB + an fp16 block 72 KB + 2 fp8 stages of 36 KB).
+    # KV ring depth. 2 is what fits: "alt": Q 64 KB + 2 x 72 KB + 2 P tiles of 8 KB = 231 KB of
+    # the 227 KiB (232448 B) a CTA may have; "redundant": Q 72 KB + 2 x 72 KB = 221 KB; fp8:
+    # Q 72 KB + an fp16 block 72 KB + 2 fp8 stages of 36 KB = 221 KB.
     "NUM_STAGES": 2,
     # split chunking, as in the portable kernel: chunks of max(cdiv(L, splits), MIN_SPLIT_LEN)
     # rounded up to SPLIT_ALIGN (a multiple of BLOCK_N). Stage 2 must use the same values.
     "SPLIT_ALIGN": 64,
     "MIN_SPLIT_LEN": 256,
     # registers per thread of each consumer warpgroup / of the producer warp (setmaxnreg).
-    # 232 / 24 is the pair that compiles without spills (the parent's leftover, 248, goes to
-    # the first consumer group, which is the default partition).
+    # 232 / 24: the parent's leftover of the 3 x 168 launch budget, 248, goes to the first
+    # consumer group (the default partition). ptxas (sm_90a): redundant bf16 0 spills, fp8
+    # <= 8 B, alt 4-24 B (scalars outside the block loop); other pairs spilled more.
     "CONSUMER_REGS": 232,
     "PRODUCER_REGS": 24,
     # warps of the default partition (the first consumer warpgroup); the kernel has 4 + 4 + 1.
@@ -63,6 +66,18 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
     "QK_FIRST": 0,
 }
+
+# What to run per shape class, from the H200 measurements (benchmarks/GLUON_VERIFY_NOTES.md):
+# the alternating schedule for every bf16 cache, QK_FIRST for H >= 64 only (-3..-6% there,
+# +1..+5% at H = 16); fp8 caches run the redundant kernel whatever SCHEDULE says.
+def gluon_recommended_config(num_heads: int, qlen: int, fp8: bool) -> dict[str, Any]:
+    """The config this module recommends for a shape class (merged over the defaults)."""
+    cfg = dict(GLUON_DEFAULT_CONFIG)
+    cfg["QK_FIRST"] = int(num_heads >= 64 and not fp8)
+    if fp8:
+        cfg["SCHEDULE"] = "redundant"
+    return cfg
+
 
 _LOG2E = 1.4426950408889634
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
