@@ -1,0 +1,780 @@
+"""Gluon (``triton.experimental.gluon``, triton 3.6) stage 1 of the MLA decode-verify attention
+for sm_90 (Hopper): ``@gluon.jit`` kernels only; the host side is ``gluon_launch.py``.
+
+One CTA per (row block, request, KV split): the work items, the split chunking and the output
+layout of the portable stage 1 (``kernels._fwd_verify_stage1``), so that the portable stage 2
+merges these partials unchanged. A row block is 64 (verify token, head) rows of one request:
+row ``r`` is token ``tok0 + r // HEAD_BOX`` and head ``head0 + r % HEAD_BOX``
+(``HEAD_BOX = min(H, 64)``). Rows past the request's tokens are padding: computed on whatever
+Q the TMA box brings (the next request's rows, or zeros past the tensor), never stored.
+
+Two kernels, each with three partitions (``gl.warp_specialize``): a 1-warp **producer** that
+TMA-loads the Q tile once (9 column tiles ``[64, 64]``) and the KV blocks ``[BLOCK_N, Lk]`` of
+the split through a rank-3 host descriptor ``[num_pages, page_size, Lk]`` (one block-table read
+per block; a strided cache, such as a layer's view of a cross-layer cache, is the descriptor's
+page stride), each block as 9 column tiles ``[BLOCK_N, 64]`` into a 2-stage ring; and two
+4-warp **consumer** warpgroups that split the 512 V columns, i.e. the output (group w owns
+``O[:, 256w:256w+256]``).
+
+- ``_verify_stage1_alt`` (bf16 caches; the default): block j's scores ``S = Q K^T`` and its
+  softmax are computed by group ``j % 2`` only, which publishes P (bf16) and the rescale
+  factor through shared memory; both groups then add their half of ``P V``. See the comment
+  above ``_producer_alt``.
+- ``_verify_stage1_ws`` ("redundant", and every fp8 cache): each group computes the scores of
+  every block itself (the same wgmmas: 53% of the FLOPs done twice), the online softmax in
+  registers and its half of ``P V`` with P from registers; the groups never wait for each
+  other.
+
+fp8 (e4m3) caches (``KV_FP8``): the producer loads the fp8 tile (half the bytes) into an fp8
+ring; the consumers dequantize it into one fp16 tile in shared memory (each group converts
+its own V half and half of the rope columns' rows, then the groups meet at an mbarrier) and
+the wgmmas read that. The fp8 stage goes back to the producer as soon as it is converted. As
+in the portable kernel, an fp8 cache's dots run in fp16 (every e4m3 value is exact in fp16;
+fp8 -> fp16 is one cvt per two values, fp8 -> bf16 three): Q is converted in shared memory
+once (clamped to fp16's finite range), P is fp16, ``k_scale`` is folded into the score scale
+and into the final ``1 / l``.
+
+NaN guard: the cache tokens of a page past a request's length may hold NaN. Scores of keys
+past a row's limit are replaced by -inf (``where``, whatever the key holds), and in the last
+block of a CTA the V rows past its last key are zeroed in shared memory before any P.V wgmma
+reads them (0 * NaN would be NaN): bf16: each group zeroes its own V half; fp8: the
+conversion writes zeros there.
+
+Register budget: 232 per consumer thread, 24 for the producer (``setmaxnreg``; the first
+consumer group is the default partition and keeps the parent's 248). Descriptors of shared
+tiles that do not change across the block loop are indexed with an opaque zero so that the
+compiler recomputes them per block instead of keeping ~25 of them live (that spilled).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+_LN2 = gl.constexpr(0.6931471805599453)
+_BM = gl.constexpr(64)  # rows per CTA: one wgmma M
+_DT = gl.constexpr(64)  # columns per shared tile: 128 B of 16-bit values, one swizzle row
+
+
+@gluon.jit
+def _row_limit(tok, seq_len, real_len, qlen):
+    """``max(min(L - qlen + 1 + t, L_real), 0)`` of verify token t (scalar or tensor)."""
+    return gl.maximum(gl.minimum(seq_len - qlen + 1 + tok, real_len), 0)
+
+
+@gluon.jit
+def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX: gl.constexpr,
+          HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr,
+          BLOCK_N: gl.constexpr):
+    """This CTA's work item, from its program id. Every partition computes it itself (scalar
+    work on kernel arguments), rather than keeping the parent's values live across the
+    warp-specialized region (that spilled the default partition's registers)."""
+    rb_per_tok = num_heads // HEAD_BOX  # row blocks per token (H >= 64), else 1
+    row_blocks = (qlen + TOK_BOX - 1) // TOK_BOX * rb_per_tok
+    pid = gl.program_id(0)
+    # Row blocks vary fastest: the row blocks of one (request, split) run side by side and
+    # share its KV tiles through L2.
+    pid_rb = pid % row_blocks
+    pid_bs = pid // row_blocks
+    pid_s = pid_bs % num_kv_splits
+    pid_b = pid_bs // num_kv_splits
+    tok0 = (pid_rb // rb_per_tok) * TOK_BOX  # first token of the row block, in the request
+    head0 = (pid_rb % rb_per_tok) * HEAD_BOX
+    seq_len = gl.load(Seq_Lens + pid_b)
+    real_len = gl.load(Real_Lens + pid_b)  # Seq_Lens itself when there are no real lengths
+    tok_last = gl.minimum(tok0 + TOK_BOX, qlen) - 1
+    min_lim = _row_limit(tok0, seq_len, real_len, qlen)  # limits grow with the token
+    max_lim = _row_limit(tok_last, seq_len, real_len, qlen)
+    # Split s covers [s * chunk, min((s + 1) * chunk, L)), as in the portable kernel.
+    chunk = gl.maximum(gl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
+    chunk = gl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    split_start = pid_s * chunk
+    split_end = gl.minimum(split_start + chunk, seq_len)
+    kv_end = gl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
+    full_end = gl.minimum(split_end, min_lim)  # every valid row sees every key below this
+    n_blocks = gl.cdiv(gl.maximum(kv_end - split_start, 0), BLOCK_N)
+    return pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
+              Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+              SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
+              NUM_STAGES: gl.constexpr, N_DT: gl.constexpr):
+    """1 warp: the Q tile once, then the KV blocks of the split through the ring."""
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N)
+    # Nothing is loaded for an empty work item, so no copy can outlive the CTA.
+    if n_blocks > 0:
+        mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
+        for c in gl.static_range(N_DT):
+            tma.async_copy_global_to_shared(q_desc, [pid_b * qlen + tok0, head0, c * _DT], q_bar,
+                                            q_smem.index(c))
+    req_row = pid_b.to(gl.int64) * stride_req_b
+    # The block-table entry of block i + 1 is read while block i waits for its stage.
+    page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
+    for i in range(n_blocks):
+        s = i % NUM_STAGES
+        start = split_start + i * BLOCK_N
+        page_next = gl.load(Req_to_Token + req_row + (start + BLOCK_N) // page_size,
+                            mask=i + 1 < n_blocks, other=0)
+        mbarrier.wait(kv_empty.index(s), ((i // NUM_STAGES) & 1) ^ 1)
+        bar = kv_ready.index(s)
+        mbarrier.expect(bar, N_DT * k_desc.block_type.nbytes)
+        tok = start % page_size
+        for c in gl.static_range(N_DT):
+            tma.async_copy_global_to_shared(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+        page = page_next
+
+
+@gluon.jit
+def _convert_tile(src, dst, n_valid, row0: gl.constexpr, ROWS: gl.constexpr, LAYOUT: gl.constexpr):
+    """``dst[row0:row0+ROWS] = src[row0:row0+ROWS]`` as fp16, rows ``>= n_valid`` zeroed."""
+    x = src.slice(row0, ROWS).load(LAYOUT)
+    kk = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
+    y = gl.where((kk < n_valid)[:, None], x.to(gl.float16), 0.0)
+    dst.slice(row0, ROWS).store(y)
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
+              Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
+              stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+              TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+              MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+              N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, KV_FP8: gl.constexpr):
+    """One consumer warpgroup: output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    MMA_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, _DT, 16])
+    P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    COL_O: gl.constexpr = gl.SliceLayout(0, MMA_O)
+    TILE_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # a [rows, 64] tile
+    V_TILES: gl.constexpr = LV // _DT // 2  # V column tiles of this group
+    V0: gl.constexpr = WG * V_TILES
+    if KV_FP8:
+        CDT: gl.constexpr = gl.float16  # the dots' dtype
+    else:
+        CDT: gl.constexpr = gl.bfloat16
+
+    pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N)
+    rows = gl.arange(0, _BM, layout=ROW)
+    tok = tok0 + rows // HEAD_BOX  # verify token of each row, in the request
+    row_valid = tok < qlen
+    # Padding rows see what the tile's last valid row sees: finite, never stored.
+    lim = gl.where(row_valid, _row_limit(tok, seq_len, real_len, qlen), max_lim)
+    lim = gl.minimum(lim, kv_end)  # [64]: also ends at the split end
+
+    mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
+    if KV_FP8:
+        # Q to fp16 in place (clamped to fp16's range: an out-of-range q saturates instead of
+        # turning the scores into inf / NaN); each group converts its share of the tiles,
+        # which the other group reads after the first conv_done.
+        QT_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        if n_blocks > 0:
+            for c in gl.static_range(WG, N_DT, 2):
+                qt = q_smem.index(c).reshape([_BM, _DT])
+                x = gl.minimum(gl.maximum(qt.load(QT_L).to(gl.float32), -65504.0), 65504.0)
+                qt._reinterpret(gl.float16, [_BM, _DT], qt.layout).store(x.to(gl.float16))
+    acc0 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
+    acc1 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
+    acc2 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
+    acc3 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
+    m_i = gl.full([_BM], float("-inf"), gl.float32, ROW)
+    l_i = gl.zeros([_BM], gl.float32, ROW)
+    k_scale = gl.load(K_Scale)
+    scale = qk_scale * k_scale  # scores of a dequantized cache: q . (k * k_scale)
+
+    for i in range(n_blocks):
+        s = i % NUM_STAGES
+        start = split_start + i * BLOCK_N
+        mbarrier.wait(kv_ready.index(s), (i // NUM_STAGES) & 1)
+        if KV_FP8:
+            # Dequantize (to fp16) this group's V half and half of the rope tile's rows into
+            # the shared fp16 tile, once both groups are done with the previous block.
+            mbarrier.wait(conv_free, (i & 1) ^ 1)
+            n_valid = kv_end - start  # keys past it are zeroed (NaN guard)
+            for c in gl.static_range(V_TILES):
+                _convert_tile(kv_smem.index(s * N_DT + V0 + c).reshape([BLOCK_N, _DT]),
+                              kvc_smem.index(V0 + c), n_valid, 0, BLOCK_N, TILE_L)
+            _convert_tile(kv_smem.index(s * N_DT + N_DT - 1).reshape([BLOCK_N, _DT]),
+                          kvc_smem.index(N_DT - 1), n_valid, WG * (BLOCK_N // 2), BLOCK_N // 2, TILE_L)
+            fence_async_shared()
+            mbarrier.arrive(kv_empty.index(s), count=1)  # the fp8 stage is free again
+            mbarrier.arrive(conv_done, count=1)
+            mbarrier.wait(conv_done, i & 1)
+            # Always tile 0 of the fp16 block; written as a product with an opaque zero (seq_len
+            # is never negative) so that the compiler recomputes the 9 K descriptors per block
+            # instead of keeping them live across the loop (that spilled registers).
+            k_base = i * (seq_len < 0).to(gl.int32)
+            k_tiles = kvc_smem
+        else:
+            k_base = s * N_DT
+            k_tiles = kv_smem
+            if start + BLOCK_N > kv_end:
+                # The tail block: zero this group's V rows past the last key. Done before the
+                # score wgmmas, which mask those keys anyway (the other group may be reading
+                # them for its scores now, and masks them too).
+                kk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, TILE_L))
+                keep = (kk < kv_end - start)[:, None]
+                for c in gl.static_range(V_TILES):
+                    t = kv_smem.index(k_base + V0 + c).reshape([BLOCK_N, _DT])
+                    x = t.load(TILE_L)
+                    t.store(gl.where(keep, x, gl.zeros_like(x)))
+                fence_async_shared()
+        # S = Q K^T over all Lk columns: 9 async wgmmas on one accumulator.
+        qk = warpgroup_mma(_q_tile(q_smem, 0, CDT),
+                           _k_tile(k_tiles, k_base, BLOCK_N, KV_FP8).permute((1, 0)),
+                           gl.zeros([_BM, BLOCK_N], gl.float32, MMA), use_acc=False, is_async=True)
+        for c in gl.static_range(1, N_DT):
+            qk = warpgroup_mma(_q_tile(q_smem, c, CDT),
+                               _k_tile(k_tiles, k_base + c, BLOCK_N, KV_FP8).permute((1, 0)),
+                               qk, is_async=True)
+        qk = warpgroup_mma_wait(0, deps=(qk, ))
+        qk = qk * scale
+        if start + BLOCK_N > full_end:
+            # Keys past a row's limit (or the split end): -inf, whatever the cache holds there.
+            keys = start + gl.arange(0, BLOCK_N, layout=COL)
+            qk = gl.where(keys[None, :] < lim[:, None], qk, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, axis=1))
+        # A row that has seen no key keeps m = -inf; subtracting 0 keeps exp2(-inf + inf) out.
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        alpha_o = gl.convert_layout(alpha, ROW_O)[:, None]
+        acc0 = acc0 * alpha_o
+        acc1 = acc1 * alpha_o
+        acc2 = acc2 * alpha_o
+        acc3 = acc3 * alpha_o
+        p_op = gl.convert_layout(p.to(CDT), P_OP)
+        acc0 = warpgroup_mma(p_op, _k_tile(k_tiles, k_base + V0 + 0, BLOCK_N, KV_FP8), acc0, is_async=True)
+        acc1 = warpgroup_mma(p_op, _k_tile(k_tiles, k_base + V0 + 1, BLOCK_N, KV_FP8), acc1, is_async=True)
+        acc2 = warpgroup_mma(p_op, _k_tile(k_tiles, k_base + V0 + 2, BLOCK_N, KV_FP8), acc2, is_async=True)
+        acc3 = warpgroup_mma(p_op, _k_tile(k_tiles, k_base + V0 + 3, BLOCK_N, KV_FP8), acc3, is_async=True)
+        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(acc0, acc1, acc2, acc3))
+        if KV_FP8:
+            mbarrier.arrive(conv_free, count=1)
+        else:
+            mbarrier.arrive(kv_empty.index(s), count=1)
+
+    # Epilogue: rows that saw no key get o = 0, lse = -inf.
+    has_key = l_i > 0.0
+    inv_l = gl.where(has_key, k_scale / gl.where(has_key, l_i, 1.0), 0.0)  # V dequantized too
+    lse = gl.where(has_key, (m_i + gl.log2(gl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
+    rows_o = gl.arange(0, _BM, layout=ROW_O)
+    tok_o = tok0 + rows_o // HEAD_BOX
+    head_o = head0 + rows_o % HEAD_BOX
+    q_row = (pid_b * qlen + tok_o).to(gl.int64)
+    inv_o = gl.convert_layout(inv_l, ROW_O)[:, None]
+    cols = gl.arange(0, _DT, layout=COL_O)
+    mask = (tok_o < qlen)[:, None] & (cols[None, :] < _DT)
+    col0 = WG * (LV // 2)
+    q_row_l = (pid_b * qlen + tok).to(gl.int64)
+    head_l = head0 + rows % HEAD_BOX
+    if SINGLE:
+        p_o = O + q_row[:, None] * stride_om + head_o[:, None] * stride_oh + col0 + cols[None, :]
+        gl.store(p_o, (acc0 * inv_o).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + _DT, (acc1 * inv_o).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + 2 * _DT, (acc2 * inv_o).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + 3 * _DT, (acc3 * inv_o).to(O.dtype.element_ty), mask=mask)
+        if WG == 0:
+            gl.store(Lse + q_row_l * stride_lm + head_l * stride_lh, lse, mask=row_valid)
+    else:
+        p_m = (Mid + q_row[:, None] * stride_mid_m + head_o[:, None] * stride_mid_h
+               + pid_s * stride_mid_s + col0 + cols[None, :])
+        gl.store(p_m, acc0 * inv_o, mask=mask)
+        gl.store(p_m + _DT, acc1 * inv_o, mask=mask)
+        gl.store(p_m + 2 * _DT, acc2 * inv_o, mask=mask)
+        gl.store(p_m + 3 * _DT, acc3 * inv_o, mask=mask)
+        if WG == 0:
+            gl.store(Mid + q_row_l * stride_mid_m + head_l * stride_mid_h + pid_s * stride_mid_s + LV,
+                     lse, mask=row_valid)
+
+
+@gluon.jit
+def _q_tile(q_smem, c, CDT: gl.constexpr):
+    """Column tile ``c`` of the Q tile as a ``[64, 64]`` shared view of dtype CDT (fp16: Q was
+    converted in place)."""
+    qt = q_smem.index(c).reshape([_BM, _DT])
+    if CDT != q_smem.dtype:
+        qt = qt._reinterpret(CDT, [_BM, _DT], qt.layout)
+    return qt
+
+
+@gluon.jit
+def _k_tile(tiles, idx, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr):
+    """Column tile ``idx`` of the KV block as a ``[BLOCK_N, 64]`` shared view."""
+    if KV_FP8:
+        return tiles.index(idx)  # the fp16 tile: [BLOCK_N, 64] already
+    else:
+        return tiles.index(idx).reshape([BLOCK_N, _DT])  # a TMA destination [1, BLOCK_N, 64]
+
+
+@gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
+                              "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
+                              "page_size"])
+def _verify_stage1_ws(
+    q_desc,  # [B*qlen, H, Lk] bf16, boxes [TOK_BOX, HEAD_BOX, 64]
+    k_desc,  # [num_pages, PAGE_SIZE, Lk] cache (bf16 or fp8 e4m3), boxes [1, BLOCK_N, 64]
+    qk_scale,  # sm_scale * log2(e)
+    Req_to_Token,  # [B, max_pages] int32
+    Seq_Lens,  # [B] int32
+    Real_Lens,  # [B] int32 (Seq_Lens when there are no real lengths)
+    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32 (unused when SINGLE)
+    O,  # [B*qlen, H, Lv] (written when SINGLE)
+    Lse,  # [B*qlen, H] fp32 (written when SINGLE)
+    K_Scale,  # [] fp32
+    stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
+    num_kv_splits, qlen, num_heads, page_size,
+    LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+):
+    """Stage 1, one CTA per (row block, request, split); see the module docstring. Launched
+    with ``num_warps=4`` (the first consumer group; the other group and the producer warp are
+    warp-specialized workers)."""
+    N_DT: gl.constexpr = LK // _DT
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
+    gl.static_assert(LV == 8 * _DT)
+    KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_DT, TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+    kv_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
+    if KV_FP8:
+        # The dequantized block, read by the wgmmas.
+        kvc_smem = gl.allocate_shared_memory(gl.float16, [N_DT, BLOCK_N, _DT],
+                                             gl.NVMMASharedLayout.get_default_for([BLOCK_N, _DT], gl.float16))
+    else:
+        kvc_smem = kv_smem  # unused
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    conv_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    conv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(conv_done, count=2)
+    mbarrier.init(conv_free, count=2)
+    for st in gl.static_range(NUM_STAGES):
+        mbarrier.init(kv_ready.index(st), count=1)
+        mbarrier.init(kv_empty.index(st), count=2)  # both consumer groups release a stage
+
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
+                     Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
+                     stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+                     TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8)),
+        (_consumer, (1, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
+                     Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
+                     stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+                     TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8)),
+        (_producer, (q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
+                     Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+                     page_size, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    mbarrier.invalidate(q_bar)
+    mbarrier.invalidate(conv_done)
+    mbarrier.invalidate(conv_free)
+    for st in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(kv_ready.index(st))
+        mbarrier.invalidate(kv_empty.index(st))
+
+
+# ---------------------------------------------------------------------------------------------
+# The alternating schedule (bf16 caches): no redundant score wgmma.
+#
+# Block j is *owned* by consumer group j % 2 (it lives in stage j % 2 of a 2-stage ring, so a
+# group's own blocks are always in its own stage). The owner computes S_j = Q K_j^T alone and
+# the softmax of block j against the running row max of blocks < j (kept in shared memory,
+# ``sm_smem``), and publishes P_j (bf16, ``sp_smem[j % 2]``) and the rescale factor
+# alpha_j = exp2(m_{j-1} - m_j) (``sa_smem[j % 2]``) through ``p_ready[j % 2]``. Both groups
+# then rescale their half of O by alpha_j and add P_j V_j[:, half] (wgmma, P from shared
+# memory). The softmaxes run in block order, one group after the other; a group's score wgmmas
+# for its next block and the other group's P.V wgmma run meanwhile. Each group keeps the row
+# sums of its own blocks (rescaled by every alpha); the two are added at the end.
+#
+# The ring is tracked per half block: half 0 = column tiles 0-3 (group 0's V half), half 1 =
+# tiles 4-8 (group 1's V half and the rope). A half goes back to the producer when its group's
+# P.V wgmma on it is done (the owner's score wgmma, which also reads it, is done before P is
+# published). The rope tile of Q lives in registers (``q_rope``), so that Q (64 KB) + 2 KV
+# stages (144 KB) + 2 P tiles (16 KB) fit in 227 KB; it is TMA'd into ``sp_smem[1]`` first,
+# which group 1 only writes after group 0 has read it (after ``p_ready[0]``).
+# ---------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
+                  Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                  SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
+                  N_DT: gl.constexpr):
+    """1 warp: Q (tiles 0-7 to ``q_smem``, the rope tile to ``sp_smem[1]``), then each block
+    into stage ``i % 2`` by halves, the owner's half first (it is freed first)."""
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N)
+    if n_blocks > 0:
+        q_tok = pid_b * qlen + tok0
+        mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
+        for c in gl.static_range(N_DT - 1):
+            tma.async_copy_global_to_shared(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
+        rope_dst = sp_smem.index(1)._reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+        tma.async_copy_global_to_shared(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
+    req_row = pid_b.to(gl.int64) * stride_req_b
+    page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
+    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
+    for i in range(n_blocks):
+        s = i % 2
+        ph = ((i // 2) & 1) ^ 1
+        start = split_start + i * BLOCK_N
+        page_next = gl.load(Req_to_Token + req_row + (start + BLOCK_N) // page_size,
+                            mask=i + 1 < n_blocks, other=0)
+        tok = start % page_size
+        for hh in gl.static_range(2):
+            h = (s + hh) % 2  # the owner's half first
+            mbarrier.wait(empty.index(2 * s + h), ph)
+            bar = ready.index(2 * s + h)
+            if h == 0:
+                mbarrier.expect(bar, HALF0 * k_desc.block_type.nbytes)
+                for c in gl.static_range(HALF0):
+                    tma.async_copy_global_to_shared(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+            else:
+                mbarrier.expect(bar, (N_DT - HALF0) * k_desc.block_type.nbytes)
+                for c in gl.static_range(HALF0, N_DT):
+                    tma.async_copy_global_to_shared(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+        page = page_next
+
+
+@gluon.jit
+def _zero_v_tail(kv_smem, base, V0: gl.constexpr, V_TILES: gl.constexpr, n_valid, BLOCK_N: gl.constexpr):
+    """Zero rows ``>= n_valid`` of this group's V tiles of a block (NaN guard of the tail)."""
+    TILE_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    kk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, TILE_L))
+    keep = (kk < n_valid)[:, None]
+    for c in gl.static_range(V_TILES):
+        t = kv_smem.index(base + V0 + c).reshape([BLOCK_N, _DT])
+        x = t.load(TILE_L)
+        t.store(gl.where(keep, x, gl.zeros_like(x)))
+    fence_async_shared()
+
+
+@gluon.jit
+def _issue_scores(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, base, zero, ph, qk,
+                  BLOCK_N: gl.constexpr, N_DT: gl.constexpr):
+    """Issue ``S = Q K^T`` of the block in tiles ``base ..``: 9 async wgmmas, this group's V
+    half's tiles first (they are loaded first); returns the in-flight accumulator."""
+    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles of half 0; half 1: the rest, rope included
+    if WG == 0:
+        mbarrier.wait(ready.index(base // N_DT * 2 + 0), ph)
+        qk = warpgroup_mma(q_smem.index(zero).reshape([_BM, _DT]),
+                           kv_smem.index(base).reshape([BLOCK_N, _DT]).permute((1, 0)),
+                           qk, use_acc=False, is_async=True)
+        for c in gl.static_range(1, HALF0):
+            qk = warpgroup_mma(q_smem.index(c + zero).reshape([_BM, _DT]),
+                               kv_smem.index(base + c).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
+        mbarrier.wait(ready.index(base // N_DT * 2 + 1), ph)
+        for c in gl.static_range(HALF0, N_DT - 1):
+            qk = warpgroup_mma(q_smem.index(c + zero).reshape([_BM, _DT]),
+                               kv_smem.index(base + c).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
+        qk = warpgroup_mma(q_rope, kv_smem.index(base + N_DT - 1).reshape([BLOCK_N, _DT]).permute((1, 0)),
+                           qk, is_async=True)
+    else:
+        mbarrier.wait(ready.index(base // N_DT * 2 + 1), ph)
+        qk = warpgroup_mma(q_rope, kv_smem.index(base + N_DT - 1).reshape([BLOCK_N, _DT]).permute((1, 0)),
+                           qk, use_acc=False, is_async=True)
+        for c in gl.static_range(HALF0, N_DT - 1):
+            qk = warpgroup_mma(q_smem.index(c + zero).reshape([_BM, _DT]),
+                               kv_smem.index(base + c).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
+        mbarrier.wait(ready.index(base // N_DT * 2 + 0), ph)
+        for c in gl.static_range(0, HALF0):
+            qk = warpgroup_mma(q_smem.index(c + zero).reshape([_BM, _DT]),
+                               kv_smem.index(base + c).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
+    return qk
+
+
+@gluon.jit
+def _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, jp, l_i, acc0, acc1, acc2, acc3, split_start, kv_end,
+             V0: gl.constexpr, V_TILES: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
+             ROW: gl.constexpr):
+    """The other group's block jp (stage / P tile sp): wait for its P and alpha, rescale my O
+    half and row sums, zero the tail's V rows, issue my half of P V. Returns (l, the 4
+    in-flight accumulators)."""
+    mbarrier.wait(p_ready.index(sp), (jp // 2) & 1)
+    alpha = sa_smem.index(sp).load(ROW)
+    l_i = l_i * alpha
+    acc0 = acc0 * alpha[:, None]
+    acc1 = acc1 * alpha[:, None]
+    acc2 = acc2 * alpha[:, None]
+    acc3 = acc3 * alpha[:, None]
+    start_p = split_start + jp * BLOCK_N
+    if start_p + BLOCK_N > kv_end:
+        _zero_v_tail(kv_smem, sp * N_DT, V0, V_TILES, kv_end - start_p, BLOCK_N)
+    p_sm = sp_smem.index(sp)
+    t0 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 0).reshape([BLOCK_N, _DT]), acc0, is_async=True)
+    t1 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 1).reshape([BLOCK_N, _DT]), acc1, is_async=True)
+    t2 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 2).reshape([BLOCK_N, _DT]), acc2, is_async=True)
+    t3 = warpgroup_mma(p_sm, kv_smem.index(sp * N_DT + V0 + 3).reshape([BLOCK_N, _DT]), acc3, is_async=True)
+    return l_i, t0, t1, t2, t3
+
+
+@gluon.jit
+def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem,
+                  q_bar, ready, empty, p_ready, p_free, l_bar,
+                  Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads,
+                  stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+                  TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                  MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
+                  LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr):
+    """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
+    and output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    OP_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    V_TILES: gl.constexpr = LV // _DT // 2
+    V0: gl.constexpr = WG * V_TILES
+    HALF0: gl.constexpr = (N_DT - 1) // 2
+
+    pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N)
+    rows = gl.arange(0, _BM, layout=ROW)
+    tok = tok0 + rows // HEAD_BOX
+    row_valid = tok < qlen
+    lim = gl.where(row_valid, _row_limit(tok, seq_len, real_len, qlen), max_lim)
+    lim = gl.minimum(lim, kv_end)
+
+    mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
+    q_rope = sp_smem.index(1).load(OP_A)  # [64, 64] bf16, the A operand of the rope wgmma
+    acc0 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    acc1 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    acc2 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    acc3 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    l_i = gl.zeros([_BM], gl.float32, ROW)
+    qk = gl.zeros([_BM, BLOCK_N], gl.float32, MMA)
+
+    # Iterations j = WG, WG + 2, ... <= n_blocks: my blocks j < n_blocks and the other group's j - 1.
+    n_iter = gl.where(n_blocks > 0, (n_blocks - WG) // 2 + 1, 0)
+    for it in range(n_iter):
+        j = WG + 2 * it  # my block; this iteration first does my half of the other group's j - 1
+        # My blocks are always in my stage (s == j % 2 == WG). Written with an opaque zero (seq_len
+        # is never negative) so that the compiler recomputes the ~25 shared-memory descriptors per
+        # block instead of keeping them live across the loop (that spilled 1.6 KB).
+        zero = it * (seq_len < 0).to(gl.int32)
+        s = WG + zero
+        base = s * N_DT
+        # (Asynchronous accumulators never leave the branch that issued them in flight, or
+        # ptxas serializes the wgmmas: every branch below ends with a full wait.)
+        sp = 1 - WG + zero  # stage and P tile of the other group's block j - 1
+        if QK_FIRST:
+            # My scores first (they only need my block's tiles), then my half of P_{j-1} V_{j-1}
+            # once the other group has published P_{j-1}: the scores run during its softmax.
+            if j < n_blocks:
+                tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1, qk,
+                                   BLOCK_N, N_DT)
+                if j >= 1:
+                    l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
+                                                   acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT,
+                                                   ROW)
+                    qk, acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(tq, t0, t1, t2, t3))
+                    mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
+                    mbarrier.arrive(p_free.index(sp), count=1)
+                else:
+                    qk = warpgroup_mma_wait(0, deps=(tq, ))
+            else:
+                l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
+                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+                mbarrier.arrive(empty.index(2 * sp + WG), count=1)
+                mbarrier.arrive(p_free.index(sp), count=1)
+        else:
+            # My half of P_{j-1} V_{j-1} first, my scores queued behind it.
+            if j >= 1:
+                l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
+                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
+                if j < n_blocks:
+                    tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1, qk,
+                                       BLOCK_N, N_DT)
+                    qk, acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(tq, t0, t1, t2, t3))
+                else:
+                    acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+                mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
+                mbarrier.arrive(p_free.index(sp), count=1)
+            else:
+                tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, 0, qk, BLOCK_N, N_DT)
+                qk = warpgroup_mma_wait(0, deps=(tq, ))
+        if j < n_blocks:
+            ph = (j // 2) & 1
+            start = split_start + j * BLOCK_N
+            sc = qk * qk_scale
+            if start + BLOCK_N > full_end:
+                keys = start + gl.arange(0, BLOCK_N, layout=COL)
+                sc = gl.where(keys[None, :] < lim[:, None], sc, float("-inf"))
+            m_prev = sm_smem.load(ROW)
+            m_prev = gl.where(j > 0, m_prev, float("-inf"))  # (garbage before block 0)
+            m_new = gl.maximum(m_prev, gl.max(sc, axis=1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_prev - m_safe)
+            p = gl.exp2(sc - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            # Publish P_j, alpha_j, m_j once both groups are done with P_{j-2}'s tile.
+            mbarrier.wait(p_free.index(s), ph ^ 1)
+            sp_smem.index(s).store(p.to(gl.bfloat16))
+            sa_smem.index(s).store(alpha)
+            sm_smem.store(m_new)
+            fence_async_shared()
+            mbarrier.arrive(p_ready.index(s), count=1)
+            acc0 = acc0 * alpha[:, None]
+            acc1 = acc1 * alpha[:, None]
+            acc2 = acc2 * alpha[:, None]
+            acc3 = acc3 * alpha[:, None]
+            if start + BLOCK_N > kv_end:
+                _zero_v_tail(kv_smem, base, V0, V_TILES, kv_end - start, BLOCK_N)
+            p_sm = sp_smem.index(s)
+            acc0 = warpgroup_mma(p_sm, kv_smem.index(base + V0 + 0).reshape([BLOCK_N, _DT]), acc0, is_async=True)
+            acc1 = warpgroup_mma(p_sm, kv_smem.index(base + V0 + 1).reshape([BLOCK_N, _DT]), acc1, is_async=True)
+            acc2 = warpgroup_mma(p_sm, kv_smem.index(base + V0 + 2).reshape([BLOCK_N, _DT]), acc2, is_async=True)
+            acc3 = warpgroup_mma(p_sm, kv_smem.index(base + V0 + 3).reshape([BLOCK_N, _DT]), acc3, is_async=True)
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(acc0, acc1, acc2, acc3))
+            mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half of my block j is done
+            mbarrier.arrive(p_free.index(s), count=1)
+
+    # l = my row sums + the other group's; m = the last published running max.
+    sl_smem.index(WG).store(l_i)
+    mbarrier.arrive(l_bar, count=1)
+    mbarrier.wait(l_bar, 0)
+    l_i = l_i + sl_smem.index(1 - WG).load(ROW)
+    m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
+    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, 1.0, O, Lse, Mid, pid_b, pid_s, tok0, head0, qlen,
+               stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+               HEAD_BOX, LV, SINGLE, MMA)
+
+
+@gluon.jit
+def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, O, Lse, Mid, pid_b, pid_s,
+               tok0, head0, qlen, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+               stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
+               MMA: gl.constexpr):
+    """o (or the split's partial o and its lse) of this group's columns from the accumulators:
+    rows that saw no key get o = 0 and lse = -inf."""
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    has_key = l_i > 0.0
+    inv_l = gl.where(has_key, v_scale / gl.where(has_key, l_i, 1.0), 0.0)[:, None]
+    lse = gl.where(has_key, (m_i + gl.log2(gl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
+    rows = gl.arange(0, _BM, layout=ROW)
+    tok = tok0 + rows // HEAD_BOX
+    head = head0 + rows % HEAD_BOX
+    row_valid = tok < qlen
+    q_row = (pid_b * qlen + tok).to(gl.int64)
+    cols = gl.arange(0, _DT, layout=COL)
+    mask = row_valid[:, None] & (cols[None, :] < _DT)
+    col0 = WG * (LV // 2)
+    if SINGLE:
+        p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + col0 + cols[None, :]
+        gl.store(p_o, (acc0 * inv_l).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + _DT, (acc1 * inv_l).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + 2 * _DT, (acc2 * inv_l).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + 3 * _DT, (acc3 * inv_l).to(O.dtype.element_ty), mask=mask)
+        if WG == 0:
+            gl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=row_valid)
+    else:
+        p_m = (Mid + q_row[:, None] * stride_mid_m + head[:, None] * stride_mid_h
+               + pid_s * stride_mid_s + col0 + cols[None, :])
+        gl.store(p_m, acc0 * inv_l, mask=mask)
+        gl.store(p_m + _DT, acc1 * inv_l, mask=mask)
+        gl.store(p_m + 2 * _DT, acc2 * inv_l, mask=mask)
+        gl.store(p_m + 3 * _DT, acc3 * inv_l, mask=mask)
+        if WG == 0:
+            gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV, lse,
+                     mask=row_valid)
+
+
+@gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
+                              "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
+                              "page_size"])
+def _verify_stage1_alt(
+    q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse, K_Scale,
+    stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
+    num_kv_splits, qlen, num_heads, page_size,
+    LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, QK_FIRST: gl.constexpr = False,
+):
+    """Stage 1 with the alternating schedule (bf16 caches only; same arguments as
+    ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2)."""
+    N_DT: gl.constexpr = LK // _DT
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
+    gl.static_assert(LV == 8 * _DT)
+    gl.static_assert(NUM_STAGES == 2)
+    gl.static_assert(not k_desc.dtype.is_fp8())
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_DT - 1, TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+    kv_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
+    sp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, _BM, BLOCK_N],
+                                        gl.NVMMASharedLayout.get_default_for([_BM, BLOCK_N], gl.bfloat16))
+    ROWS_L: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    sm_smem = gl.allocate_shared_memory(gl.float32, [_BM], ROWS_L)
+    sa_smem = gl.allocate_shared_memory(gl.float32, [2, _BM], ROWS_L)
+    sl_smem = gl.allocate_shared_memory(gl.float32, [2, _BM], ROWS_L)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # [stage * 2 + half]
+    empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    l_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(l_bar, count=2)
+    for i in gl.static_range(4):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)  # a half is released by the group whose V it is
+    for i in gl.static_range(2):
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(p_free.index(i), count=2)
+
+    gl.warp_specialize([
+        (_consumer_alt, (0, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
+                         p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
+                         qlen, num_heads, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                         stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                         N_DT, LV, SINGLE, QK_FIRST)),
+        (_consumer_alt, (1, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
+                         p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
+                         qlen, num_heads, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                         stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                         N_DT, LV, SINGLE, QK_FIRST)),
+        (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
+                         Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                         SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    mbarrier.invalidate(q_bar)
+    mbarrier.invalidate(l_bar)
+    for i in gl.static_range(4):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+    for i in gl.static_range(2):
+        mbarrier.invalidate(p_ready.index(i))
+        mbarrier.invalidate(p_free.index(i))

@@ -1,0 +1,232 @@
+"""Host side of the Gluon (sm_90) stage 1 of the decode-verify attention: support check,
+TMA descriptors, grid, launch. The kernel is ``gluon_kernels._verify_stage1_ws``.
+
+The caller (``launch.py``) keeps the checks of the public API, the split count, the workspace
+and the stage 2: this module only launches stage 1. With ``num_kv_splits == 1`` stage 1 writes
+``o`` / ``lse`` itself; otherwise it writes the partials into ``mid`` (``attn_logits``,
+``[B*qlen, H, num_kv_splits, Lv + 1]`` fp32, each split's ``o`` normalized by its own ``l`` in
+``[..., :Lv]``, its natural-log LSE in ``[..., Lv]``) and the caller launches the portable stage
+2 (``kernels._fwd_verify_stage2``) with **this config's** ``SPLIT_ALIGN`` and ``MIN_SPLIT_LEN``
+(the chunking of both stages must agree).
+
+Capture-safe: nothing is allocated and nothing waits for the device. The two TMA descriptors
+are host structs passed by value (a captured graph holds them); they encode the cache's and
+q's base pointers and strides, so a graph replays on the tensors it was captured with (as for
+every other pointer argument).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+
+GLUON_TRITON_VERSIONS = ("3.6",)  # the Gluon API this code is written for
+
+__all__ = [
+    "GLUON_TRITON_VERSIONS",
+    "GLUON_DEFAULT_CONFIG",
+    "gluon_available",
+    "gluon_unsupported_reason",
+    "gluon_recommended_config",
+    "gluon_row_blocks",
+    "launch_verify_stage1_gluon",
+]
+
+# Config keys of the Gluon stage 1 (and their only / default values):
+GLUON_DEFAULT_CONFIG: dict[str, Any] = {
+    # rows (verify token, head) per CTA: one wgmma M. Fixed: the kernel is written for 64.
+    "BLOCK_H": 64,
+    # KV tokens per block (one TMA batch of 9 column tiles [BLOCK_N, 64]). Fixed at 64: a
+    # block must lie in one page (page_size % BLOCK_N == 0) and is the scores wgmma's N.
+    "BLOCK_N": 64,
+    # KV ring depth. 2 is what fits: "alt": Q 64 KB + 2 x 72 KB + 2 P tiles of 8 KB = 231 KB of
+    # the 227 KiB (232448 B) a CTA may have; "redundant": Q 72 KB + 2 x 72 KB = 221 KB; fp8:
+    # Q 72 KB + an fp16 block 72 KB + 2 fp8 stages of 36 KB = 221 KB.
+    "NUM_STAGES": 2,
+    # split chunking, as in the portable kernel: chunks of max(cdiv(L, splits), MIN_SPLIT_LEN)
+    # rounded up to SPLIT_ALIGN (a multiple of BLOCK_N). Stage 2 must use the same values.
+    "SPLIT_ALIGN": 64,
+    "MIN_SPLIT_LEN": 256,
+    # registers per thread of each consumer warpgroup / of the producer warp (setmaxnreg).
+    # 232 / 24: the parent's leftover of the 3 x 168 launch budget, 248, goes to the first
+    # consumer group (the default partition). ptxas (sm_90a): redundant bf16 0 spills, fp8
+    # <= 8 B, alt 4-24 B (scalars outside the block loop); other pairs spilled more.
+    "CONSUMER_REGS": 232,
+    "PRODUCER_REGS": 24,
+    # warps of the default partition (the first consumer warpgroup); the kernel has 4 + 4 + 1.
+    "num_warps": 4,
+    # bf16 caches: "alt" (block j's scores and softmax by consumer group j % 2 only, P shared
+    # through shared memory: gluon_kernels._verify_stage1_alt) or "redundant" (both groups
+    # compute every block's scores, no exchange: _verify_stage1_ws). fp8 caches always run
+    # the redundant kernel (it dequantizes each block into one fp16 tile).
+    "SCHEDULE": "alt",
+    # "alt" only: a group issues the score wgmmas of its next block before it waits for the other
+    # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
+    "QK_FIRST": 0,
+}
+
+# What to run per shape class, from the H200 measurements (benchmarks/GLUON_VERIFY_NOTES.md):
+# the alternating schedule for every bf16 cache, QK_FIRST for H >= 64 only (-3..-6% there,
+# +1..+5% at H = 16); fp8 caches run the redundant kernel whatever SCHEDULE says.
+def gluon_recommended_config(num_heads: int, qlen: int, fp8: bool) -> dict[str, Any]:
+    """The config this module recommends for a shape class (merged over the defaults)."""
+    cfg = dict(GLUON_DEFAULT_CONFIG)
+    cfg["QK_FIRST"] = int(num_heads >= 64 and not fp8)
+    if fp8:
+        cfg["SCHEDULE"] = "redundant"
+    return cfg
+
+
+_LOG2E = 1.4426950408889634
+_LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
+
+try:  # the Gluon API of triton 3.6
+    from triton.experimental.gluon import language as _gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonTensorDescriptor
+
+    from . import gluon_kernels as _gk
+
+    _IMPORT_ERROR = None
+except Exception as e:  # pragma: no cover - depends on the installed triton
+    _gl = _GluonTensorDescriptor = _gk = None
+    _IMPORT_ERROR = f"{type(e).__name__}: {e}"
+
+
+def gluon_available() -> str | None:
+    """None if this triton has the Gluon API this code is written for, else why not."""
+    if not triton.__version__.startswith(GLUON_TRITON_VERSIONS):
+        return f"triton {triton.__version__} (the Gluon kernel is written for {GLUON_TRITON_VERSIONS})"
+    if _IMPORT_ERROR is not None:
+        return f"triton.experimental.gluon does not import: {_IMPORT_ERROR}"
+    return None
+
+
+def _cache_geometry(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int, int]:
+    """(num_pages, page stride, token stride) in elements of a 4-D ``[pages, page_size, 1, Lk]``
+    or 3-D ``[pages * page_size, 1, Lk]`` cache."""
+    if k_buffer.dim() == 4:
+        return k_buffer.shape[0], k_buffer.stride(0), k_buffer.stride(1)
+    return k_buffer.shape[0] // page_size, k_buffer.stride(0) * page_size, k_buffer.stride(0)
+
+
+def gluon_row_blocks(qlen: int, num_heads: int) -> int:
+    """CTAs per (request, split): 64-row blocks, each of whole tokens (H <= 64) or of 64 heads
+    of one token (H >= 64). Equals ``cdiv(qlen * H, 64)`` for the supported H."""
+    if num_heads >= 64:
+        return qlen * (num_heads // 64)
+    return triton.cdiv(qlen, 64 // num_heads)
+
+
+def gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg) -> str | None:
+    """None when the Gluon stage 1 can run these tensors with ``cfg`` (merged over
+    :data:`GLUON_DEFAULT_CONFIG`), else a short reason (the portable kernel runs them).
+
+    Supported: triton 3.6.x, a CUDA GPU of compute capability 9.0 (wgmma, TMA, setmaxnreg),
+    bf16 q, a bf16 or fp8 e4m3 (``torch.float8_e4m3fn``) cache, ``Lk = 576`` and ``Lv = 512``,
+    H a power of two that divides 64 or a multiple of 64, ``page_size`` a multiple of 64,
+    16-byte aligned base pointers and strides of q and of the cache (TMA), unit last-dim
+    strides. Everything else (fp16 / fp32 q, other head dims, pages of 16 or 32 tokens, ...)
+    gets a reason.
+    """
+    why = gluon_available()
+    if why:
+        return why
+    c = {**GLUON_DEFAULT_CONFIG, **(cfg or {})}
+    if c["BLOCK_H"] != 64 or c["BLOCK_N"] != 64:
+        return f"BLOCK_H {c['BLOCK_H']} / BLOCK_N {c['BLOCK_N']}: the Gluon kernel is written for 64 / 64"
+    if c["SPLIT_ALIGN"] % c["BLOCK_N"] or c["MIN_SPLIT_LEN"] < 1:
+        return f"SPLIT_ALIGN {c['SPLIT_ALIGN']} must be a multiple of BLOCK_N {c['BLOCK_N']}"
+    if c["NUM_STAGES"] < 2:
+        return "NUM_STAGES must be >= 2"
+    if c["SCHEDULE"] not in ("alt", "redundant"):
+        return f"SCHEDULE {c['SCHEDULE']!r}: 'alt' or 'redundant'"
+    if c["SCHEDULE"] == "alt" and c["NUM_STAGES"] != 2 and k_buffer.dtype == torch.bfloat16:
+        return "SCHEDULE 'alt' is written for NUM_STAGES 2"
+    if not (q.is_cuda and k_buffer.is_cuda):
+        return "not a CUDA tensor"
+    if torch.version.hip is not None:
+        return "HIP: the Gluon kernel is NVIDIA sm_90 only"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return f"compute capability {torch.cuda.get_device_capability(q.device)}: sm_90 only (wgmma)"
+    if q.dtype != torch.bfloat16:
+        return f"q dtype {q.dtype}: bf16 only"
+    if k_buffer.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        return f"cache dtype {k_buffer.dtype}: bf16 or float8_e4m3fn only"
+    if q.dim() != 3 or q.shape[-1] != _LK or Lv != _LV:
+        return f"head dims Lk {q.shape[-1]}, Lv {Lv}: only {_LK} / {_LV}"
+    if k_buffer.shape[-1] != _LK or k_buffer.dim() not in (3, 4) or k_buffer.shape[-2] != 1:
+        return "cache is not [pages, page_size, 1, 576] / [pages * page_size, 1, 576]"
+    h = q.shape[1]
+    if not (h >= 1 and (64 % h == 0 if h < 64 else h % 64 == 0)):
+        return f"H {h}: a power of two dividing 64, or a multiple of 64"
+    if page_size % c["BLOCK_N"]:
+        return f"page_size {page_size}: a multiple of {c['BLOCK_N']} only (a KV block is one TMA box in one page)"
+    if q.stride(-1) != 1 or k_buffer.stride(-1) != 1:
+        return "last dim not contiguous"
+    _, s_page, s_tok = _cache_geometry(k_buffer, page_size)
+    qe, ke = q.element_size(), k_buffer.element_size()
+    if q.data_ptr() % 16 or (q.stride(0) * qe) % 16 or (q.stride(1) * qe) % 16:
+        return "q base / strides not 16-byte aligned (TMA)"
+    if k_buffer.data_ptr() % 16 or (s_page * ke) % 16 or (s_tok * ke) % 16:
+        return "cache base / strides not 16-byte aligned (TMA)"
+    if k_buffer.dim() == 3 and k_buffer.shape[0] % page_size:
+        return "3-D cache rows not a multiple of page_size"
+    return None
+
+
+def _descriptors(q, k_buffer, page_size, block_n):
+    """Host TMA descriptors: q as ``[B*qlen, H, Lk]`` with boxes ``[64 / HEAD_BOX, HEAD_BOX, 64]``
+    (``HEAD_BOX = min(H, 64)``: a box is one 64-row block), the cache as
+    ``[num_pages, page_size, Lk]`` with boxes ``[1, block_n, 64]``."""
+    gl = _gl
+    h = q.shape[1]
+    head_box = min(h, 64)
+    q_block = [64 // head_box, head_box, 64]
+    q_layout = gl.NVMMASharedLayout.get_default_for(q_block, gl.bfloat16)
+    q_desc = _GluonTensorDescriptor(q, list(q.shape), list(q.stride()), q_block, q_layout)
+    num_pages, s_page, s_tok = _cache_geometry(k_buffer, page_size)
+    kdt = gl.float8e4nv if k_buffer.dtype == torch.float8_e4m3fn else gl.bfloat16
+    k_block = [1, block_n, 64]
+    k_layout = gl.NVMMASharedLayout.get_default_for(k_block, kdt)
+    k_desc = _GluonTensorDescriptor(k_buffer, [num_pages, page_size, k_buffer.shape[-1]],
+                                    [s_page, s_tok, 1], k_block, k_layout)
+    return q_desc, k_desc
+
+
+def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real_lens, has_real,
+                               o, lse, mid, qlen, num_kv_splits, sm_scale, page_size, Lv, cfg) -> None:
+    """Launch the Gluon stage 1 (``gluon_unsupported_reason`` must have returned None).
+
+    Args: as ``decode_attention_fwd_verify`` after its checks; ``real_lens`` is ``seq_lens``
+    when ``has_real`` is False; ``mid`` is ``attn_logits`` (None when ``num_kv_splits == 1``:
+    then ``o`` / ``lse`` are written here and there is no stage 2); ``k_scale`` a scalar fp32
+    tensor (1.0 for a bf16 cache); ``cfg`` the keys of :data:`GLUON_DEFAULT_CONFIG`.
+    """
+    c = {**GLUON_DEFAULT_CONFIG, **(cfg or {})}
+    batch = q.shape[0] // qlen
+    num_heads = q.shape[1]
+    if batch == 0:
+        return
+    single = num_kv_splits == 1
+    if single:
+        mid_t, mid_strides = lse, (0, 0, 0)  # lse only stands in for the unused pointer
+    else:
+        mid_t, mid_strides = mid, tuple(mid.stride()[:3])
+    q_desc, k_desc = _descriptors(q, k_buffer, page_size, c["BLOCK_N"])
+    grid = (gluon_row_blocks(qlen, num_heads) * batch * num_kv_splits,)
+    fp8 = k_buffer.dtype == torch.float8_e4m3fn
+    kernel = _gk._verify_stage1_alt if (c["SCHEDULE"] == "alt" and not fp8) else _gk._verify_stage1_ws
+    extra = {"QK_FIRST": bool(c["QK_FIRST"])} if kernel is _gk._verify_stage1_alt else {}
+    kernel[grid](
+        q_desc, k_desc, float(sm_scale) * _LOG2E, req_to_token, seq_lens,
+        real_lens if has_real else seq_lens, mid_t, o, lse, k_scale,
+        req_to_token.stride(0), *mid_strides, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
+        num_kv_splits, qlen, num_heads, page_size,
+        LV=Lv, LK=q.shape[-1], BLOCK_N=c["BLOCK_N"], NUM_STAGES=c["NUM_STAGES"],
+        SPLIT_ALIGN=c["SPLIT_ALIGN"], MIN_SPLIT_LEN=c["MIN_SPLIT_LEN"], SINGLE=single,
+        PRODUCER_REGS=c["PRODUCER_REGS"], CONSUMER_REGS=c["CONSUMER_REGS"],
+        num_warps=c["num_warps"], **extra,
+    )
+

@@ -1,0 +1,346 @@
+"""The Gluon (sm_90) stage 1 of decode verify: offline compiles (CPU) and correctness (GPU).
+
+CPU (no GPU needed; skipped where triton is not 3.6.x or has no Gluon): every launch variant of
+the config proposed for the sm_90 table compiles to an sm_90a cubin; ptxas reports no spills
+(fp8: at most 8 bytes, two scalars spilled once outside the loop), registers within the
+warp-specialize budget, shared memory within the 227 KB a CTA may have.
+
+GPU (``@pytest.mark.gpu``; the H100/H200 only, skipped elsewhere): stage 1 here, the portable
+stage 2 for split caps > 1, against ``mla_ops.reference.decode_verify_ref`` on fresh random
+data, outputs poisoned with NaN before each call and the cache poisoned with NaN past each
+request's end; tolerance by flash-attention's rule: the error against a float64 reference is
+at most ``TOL_K`` times the error of plain PyTorch computing in bf16.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+import torch
+import triton
+
+from mla_ops.decode_verify import gluon_launch as gla
+from mla_ops.decode_verify import kernels
+from mla_ops.reference import decode_verify_ref
+
+SM_SCALE = 0.1352
+LK, LV = 576, 512
+TOL_K = 3.0
+SMEM_LIMIT = 232448  # bytes of shared memory one CTA may have on sm_90 (227 KB)
+FP8 = torch.float8_e4m3fn
+
+# The configs proposed for the sm_90 table (one: the kernel has one tile shape).
+PROPOSED_CONFIGS = {"default": dict(gla.GLUON_DEFAULT_CONFIG)}
+
+_GLUON_WHY = gla.gluon_available()
+
+
+def _is_hopper() -> bool:
+    return (torch.cuda.is_available() and torch.version.hip is None
+            and torch.cuda.get_device_capability() == (9, 0))
+
+
+# --- offline compiles (CPU) ----------------------------------------------------------------------
+
+
+def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str = "redundant"):
+    """The sm_90a cubin of one launch variant and ptxas's report: (kernel, ptxas stderr)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from mla_ops.decode_verify import gluon_kernels as gk
+
+    def desc(block, name, gdt):
+        layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
+        return f"tensordesc<{name}[{', '.join(map(str, block))}],{layout!r}>"
+
+    head_box = min(num_heads, 64)
+    kname, kdt = ("fp8e4nv", gl.float8e4nv) if fp8 else ("bf16", gl.bfloat16)
+    sig = {"q_desc": desc([64 // head_box, head_box, 64], "bf16", gl.bfloat16),
+           "k_desc": desc([1, cfg["BLOCK_N"], 64], kname, kdt), "qk_scale": "fp32",
+           "Req_to_Token": "*i32", "Seq_Lens": "*i32", "Real_Lens": "*i32", "Mid": "*fp32",
+           "O": "*bf16", "Lse": "*fp32", "K_Scale": "*fp32"}
+    for name in ("stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
+                 "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
+                 "page_size"):
+        sig[name] = "i32"
+    constexprs = {"LV": LV, "LK": LK, "BLOCK_N": cfg["BLOCK_N"], "NUM_STAGES": cfg["NUM_STAGES"],
+                  "SPLIT_ALIGN": cfg["SPLIT_ALIGN"], "MIN_SPLIT_LEN": cfg["MIN_SPLIT_LEN"],
+                  "SINGLE": single, "PRODUCER_REGS": cfg["PRODUCER_REGS"],
+                  "CONSUMER_REGS": cfg["CONSUMER_REGS"]}
+    sig.update({k: "constexpr" for k in constexprs})
+    fn = gk._verify_stage1_alt if schedule.startswith("alt") else gk._verify_stage1_ws
+    if schedule == "alt-qkfirst":
+        constexprs["QK_FIRST"] = True
+        sig["QK_FIRST"] = "constexpr"
+    kernel = triton.compile(GluonASTSource(fn, sig, constexprs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(kernel.asm["ptx"])
+        report = subprocess.run([ptxas, "-v", "-arch=sm_90a", path, "-o", os.path.join(d, "k.cubin")],
+                                capture_output=True, text=True, check=True).stderr
+    return kernel, report
+
+
+# (config, H, schedule, fp8, one split). H16 and H128 differ only in the Q box and SINGLE only in
+# the epilogue's stores: each kernel is compiled at (H16, splits > 1) and (H128, one split),
+# which covers both of each and keeps this test near a minute on a 2-core machine.
+VARIANTS = [(name, h, sched, fp8, single) for name in sorted(PROPOSED_CONFIGS)
+            for sched, fp8 in (("alt", False), ("redundant", False), ("redundant", True))
+            for h, single in ((16, False), (128, True))]
+VARIANTS += [(name, 128, "alt-qkfirst", False, False) for name in sorted(PROPOSED_CONFIGS)]
+
+
+def _report(name, num_heads, schedule, fp8, single) -> dict:
+    cfg = PROPOSED_CONFIGS[name]
+    kernel, report = _compile(cfg, num_heads, fp8, single, schedule)
+    # (QK_FIRST: ptxas waits for the in-flight score wgmmas before the O rescale: warning C7517,
+    # an injected wait, not a serialization of the wgmmas.)
+    ptx = kernel.asm["ptx"]
+    return {
+        "regs": int(re.search(r"Used (\d+) registers", report).group(1)),
+        "spills": int(re.search(r"(\d+) bytes spill stores", report).group(1)),
+        "serialized": "serialized" in report,
+        "shared": kernel.metadata.shared,
+        "wgmma": "wgmma.mma_async" in ptx,
+        "tma": "cp.async.bulk.tensor" in ptx,
+        "setmaxnreg": sorted({int(v) for v in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+    }
+
+
+def _compile_all_main() -> None:  # run in a subprocess (see offline_reports)
+    import json
+    import sys
+    for v in VARIANTS:
+        sys.stdout.write(json.dumps([list(v), _report(*v)]) + "\n")
+
+
+@pytest.fixture(scope="module")
+def offline_reports():
+    """All variants compiled once, in a subprocess without TRITON_INTERPRET (the test suite
+    runs under the interpreter on CPU machines, and Gluon only compiles outside it)."""
+    import json
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", "import tests.test_gluon_verify as t; t._compile_all_main()"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return {tuple(k): r for k, r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("["))}
+
+
+# Spill bytes ptxas reports per kernel: scalars spilled once outside the block loop (checked
+# in the SASS when these limits were set); the redundant bf16 kernel spills nothing.
+MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32, ("alt-qkfirst", False): 32}
+
+
+@pytest.mark.skipif(_GLUON_WHY is not None, reason=f"no Gluon of triton 3.6 here: {_GLUON_WHY}")
+@pytest.mark.parametrize("variant", VARIANTS, ids=["{}-H{}-{}-{}-{}".format(n, h, s, "fp8" if f else "bf16",
+                                                                            "splits1" if g else "splitsN")
+                                                   for n, h, s, f, g in VARIANTS])
+def test_offline_compile_sm90a(variant, offline_reports):
+    """Every launch variant of each proposed config: an sm_90a cubin with wgmma and TMA, (almost)
+    no spills, no serialized wgmma, registers within the warp-specialize budget, shared memory
+    within 227 KB. (H16 and H128 differ in the Q box; qlen, H, page size and the split cap are
+    runtime values.)"""
+    name, _, schedule, fp8, _ = variant
+    cfg = PROPOSED_CONFIGS[name]
+    r = offline_reports[tuple(variant)]
+    assert r["wgmma"] and r["tma"], r
+    assert not r["serialized"], r
+    assert r["spills"] <= MAX_SPILL[(schedule, fp8)], r
+    # 12 warps launched (consumer group, consumer group, producer warp padded to a group): the
+    # launch allocation is at most 65536 / 384 registers; setmaxnreg then moves them around.
+    assert r["regs"] * 384 <= 65536, r
+    assert cfg["CONSUMER_REGS"] in r["setmaxnreg"] and cfg["PRODUCER_REGS"] in r["setmaxnreg"], r
+    assert 2 * cfg["CONSUMER_REGS"] + cfg["PRODUCER_REGS"] <= 3 * (65536 // 384 // 8 * 8), cfg
+    assert r["shared"] <= SMEM_LIMIT, r
+
+
+# --- GPU correctness -----------------------------------------------------------------------------
+
+needs_hopper = pytest.mark.skipif(not _is_hopper() or _GLUON_WHY is not None,
+                                  reason=f"the Gluon kernel runs on sm_90 with triton 3.6 only ({_GLUON_WHY})")
+
+
+def make_case(B, H, qlen, L, page_size, fp8=False, layout="4d", real=None, seed=0, device="cuda",
+              extra_pages=3, lens=None):
+    """Random q and cache (never zeros), pages of every request drawn by a random permutation,
+    the cache NaN past each request's end (and on unused pages). ``layout``: ``4d``
+    ``[pages, page, 1, Lk]``, ``3d`` ``[pages * page, 1, Lk]``, ``xlayer`` layer 1 of a
+    ``[pages, page, 3, Lk]`` cross-layer cache. ``lens``: per-request L (default all L);
+    ``real``: per-request real lengths or None."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    lens = list(lens) if lens is not None else [L] * B
+    pages_per_req = max(1, math.ceil(max(max(lens), 1) / page_size))
+    num_pages = B * pages_per_req + extra_pages
+    perm = torch.randperm(num_pages, generator=g, device=device)[: B * pages_per_req]
+    table = perm.view(B, pages_per_req).to(torch.int32)
+    k_scale = None
+    layers = 3 if layout == "xlayer" else 1
+    full = torch.randn(num_pages, page_size, layers, LK, generator=g, device=device)
+    if fp8:
+        k_scale = torch.tensor(0.25, dtype=torch.float32, device=device)
+        full = (full * 2.0).to(FP8)
+    else:
+        full = full.to(torch.bfloat16)
+    # NaN past each request's end and on pages no request uses.
+    used = torch.zeros(num_pages, page_size, dtype=torch.bool, device=device)
+    for b, n in enumerate(lens):
+        for j in range(pages_per_req):
+            used[table[b, j], : max(0, min(page_size, n - j * page_size))] = True
+    if fp8:
+        full.view(torch.uint8)[~used] = 0x7F  # e4m3fn NaN
+    else:
+        full[~used] = float("nan")
+    if layout == "xlayer":
+        k = full[:, :, 1:2, :]
+    elif layout == "3d":
+        k = full.view(num_pages * page_size, 1, LK)
+    else:
+        k = full
+    q = (0.5 * torch.randn(B * qlen, H, LK, generator=g, device=device)).to(torch.bfloat16)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    real_t = None if real is None else torch.tensor(real, dtype=torch.int32, device=device)
+    return dict(q=q, k=k, table=table, seq_lens=seq_lens, real=real_t, qlen=qlen,
+                page_size=page_size, k_scale=k_scale)
+
+
+def gluon_verify(c, num_kv_splits, cfg=None, outs=None):
+    """The op through the Gluon stage 1 (+ the portable stage 2 for a split cap > 1), outputs
+    poisoned with NaN first. Returns (o, lse)."""
+    cfg = {**gla.GLUON_DEFAULT_CONFIG, **(cfg or {})}
+    q = c["q"]
+    rows, heads = q.shape[:2]
+    if outs is None:
+        o = torch.full((rows, heads, LV), float("nan"), dtype=q.dtype, device=q.device)
+        lse = torch.full((rows, heads), float("nan"), dtype=torch.float32, device=q.device)
+        mid = None
+        if num_kv_splits > 1:
+            mid = torch.full((rows, heads, num_kv_splits, LV + 1), float("nan"),
+                             dtype=torch.float32, device=q.device)
+    else:
+        o, lse, mid = outs
+    why = gla.gluon_unsupported_reason(q, c["k"], c["page_size"], LV, cfg)
+    assert why is None, why
+    k_scale = c["k_scale"] if c["k_scale"] is not None else torch.ones((), dtype=torch.float32, device=q.device)
+    has_real = c["real"] is not None
+    real = c["real"] if has_real else c["seq_lens"]
+    gla.launch_verify_stage1_gluon(q, c["k"], k_scale, c["table"], c["seq_lens"], real, has_real, o,
+                                   lse, mid, c["qlen"], num_kv_splits, SM_SCALE, c["page_size"], LV, cfg)
+    if num_kv_splits > 1:
+        kernels._fwd_verify_stage2[(rows, heads, 1)](
+            mid, o, lse, c["seq_lens"], real, *mid.stride()[:3], o.stride(0), o.stride(1),
+            lse.stride(0), lse.stride(1), num_kv_splits, QLEN=c["qlen"], HAS_REAL=has_real,
+            SPLIT_ALIGN=cfg["SPLIT_ALIGN"], MIN_SPLIT_LEN=cfg["MIN_SPLIT_LEN"], BLOCK_S=8,
+            BLOCK_DV=LV, Lv=LV, USE_PDL=False, num_warps=4, num_stages=1)
+    return o, lse
+
+
+def reference(c, dtype):
+    return decode_verify_ref(c["q"], c["k"], LV, c["table"], c["seq_lens"], c["real"], c["qlen"],
+                             SM_SCALE, c["page_size"], c["k_scale"], compute_dtype=dtype)
+
+
+def check(c, o, lse):
+    """Flash-attention's rule against float64, exact -inf / 0 for rows without a key, no NaN.
+    Returns (err_o, err_pt_o, err_lse, err_pt_lse)."""
+    ref_o, ref_lse = reference(c, torch.float64)
+    pt_o, pt_lse = reference(c, torch.bfloat16)
+    assert not torch.isnan(o).any(), "NaN in o"
+    assert not torch.isnan(lse).any(), "NaN in lse"
+    dead = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), dead), "rows without a key must have lse -inf, and only they"
+    assert (o[dead] == 0).all(), "rows without a key must have o = 0"
+    live = ~dead
+    err_o = (o.double() - ref_o)[live].abs().max().item() if live.any() else 0.0
+    err_pt = (pt_o.double() - ref_o)[live].abs().max().item() if live.any() else 0.0
+    err_l = (lse.double() - ref_lse)[live].abs().max().item() if live.any() else 0.0
+    err_pt_l = (pt_lse.double() - ref_lse)[live].abs().max().item() if live.any() else 0.0
+    assert err_o <= TOL_K * err_pt + 1e-5, (err_o, err_pt)
+    assert err_l <= TOL_K * err_pt_l + 1e-5, (err_l, err_pt_l)
+    return err_o, err_pt, err_l, err_pt_l
+
+
+# (id, B, H, qlen, L or per-request lens, page, fp8, layout, real lens, split caps)
+GPU_CASES = [
+    ("H16-q2-B3-p64-4d", 3, 16, 2, [700, 64, 1000], 64, False, "4d", None, (1, 3, 8)),
+    ("H16-q1-B2-p64-3d", 2, 16, 1, [513, 77], 64, False, "3d", None, (1, 4)),
+    ("H16-q4-B2-p128-xlayer", 2, 16, 4, [900, 130], 128, False, "xlayer", None, (1, 3)),
+    ("H16-q8-B2-p64-real", 2, 16, 8, [300, 5], 64, False, "4d", [290, 0], (1, 2)),
+    ("H16-q3-B4-p64-short", 4, 16, 3, [2, 1, 3, 200], 64, False, "4d", None, (1, 2)),
+    ("H16-q5-B2-p128-real", 2, 16, 5, [1024, 129], 128, False, "3d", [1024, 3], (1, 5)),
+    ("H128-q1-B2-p64-4d", 2, 128, 1, [600, 65], 64, False, "4d", None, (1, 3)),
+    ("H128-q2-B2-p128-xlayer", 2, 128, 2, [777, 1], 128, False, "xlayer", [700, 1], (1, 4)),
+    ("H128-q4-B1-p64-3d", 1, 128, 4, [400], 64, False, "3d", None, (1, 2)),
+    ("H32-q2-B2-p64-4d", 2, 32, 2, [333, 64], 64, False, "4d", None, (1, 2)),
+    ("fp8-H16-q2-B3-p64-4d", 3, 16, 2, [700, 64, 1000], 64, True, "4d", None, (1, 3)),
+    ("fp8-H16-q4-B2-p128-xlayer", 2, 16, 4, [500, 3], 128, True, "xlayer", [500, 0], (1, 2)),
+    ("fp8-H128-q2-B2-p64-3d", 2, 128, 2, [640, 100], 64, True, "3d", None, (1, 3)),
+    ("fp8-H16-q8-B1-p64-real", 1, 16, 8, [1500], 64, True, "4d", [1400], (1, 8)),
+]
+
+
+SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_FIRST": 1},
+             "redundant": {"SCHEDULE": "redundant"}}
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_gluon_matches_reference(case, schedule):
+    _, B, H, qlen, lens, page, fp8, layout, real, caps = case
+    if fp8 and schedule != "redundant":
+        pytest.skip("fp8 caches always run the redundant kernel")
+    c = make_case(B, H, qlen, None, page, fp8=fp8, layout=layout, real=real, lens=lens, seed=B + qlen)
+    for splits in caps:
+        o, lse = gluon_verify(c, splits, SCHEDULES[schedule])
+        torch.cuda.synchronize()
+        check(c, o, lse)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_gluon_cuda_graph_replay_new_inputs(fp8):
+    _graph_replay(fp8)
+
+
+def _graph_replay(fp8, cfg=None):
+    """Captured once, replayed on new lengths, block tables and queries copied into the same
+    tensors: the same answers as the reference each time; nothing allocated in the capture."""
+    B, H, qlen, page, splits = 3, 16, 3, 64, 4
+    c = make_case(B, H, qlen, None, page, fp8=fp8, lens=[900, 300, 40], real=[900, 300, 40], seed=1)
+    rows = B * qlen
+    o = torch.empty(rows, H, LV, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(rows, H, dtype=torch.float32, device="cuda")
+    mid = torch.empty(rows, H, splits, LV + 1, dtype=torch.float32, device="cuda")
+    gluon_verify(c, splits, cfg, outs=(o, lse, mid))  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gluon_verify(c, splits, cfg, outs=(o, lse, mid))
+    # New batches of the same shapes (at most 15 pages per request, so the cache and the
+    # table keep their shapes): everything copied into the captured tensors.
+    for seed, lens, real in [(2, [64, 901, 5], [64, 0, 5]), (3, [960, 2, 700], [959, 2, 700])]:
+        n = make_case(B, H, qlen, None, page, fp8=fp8, lens=lens, real=real, seed=seed)
+        for key in ("q", "k", "table", "seq_lens", "real"):
+            assert c[key].shape == n[key].shape, key
+            c[key].copy_(n[key])
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        mid.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(c, o, lse)
