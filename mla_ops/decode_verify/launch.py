@@ -33,6 +33,7 @@ from .configs import (
 
 __all__ = [
     "decode_attention_fwd_verify",
+    "check_context_parallel",
     "select_verify_config",
     "verify_num_kv_splits",
     "verify_row_blocks",
@@ -158,6 +159,19 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
             TensorDescriptor(k_buffer, shape, strides, [1, block_n, dpe]))
 
 
+def check_context_parallel(cp_world, cp_rank, cp_interleave) -> None:
+    """Validate the context-parallel arguments of the verify functions (metadata only):
+    ints with ``1 <= cp_world``, ``0 <= cp_rank < cp_world`` and ``cp_interleave >= 1``."""
+    for name, v, lo in (("cp_world", cp_world, 1), ("cp_rank", cp_rank, 0),
+                        ("cp_interleave", cp_interleave, 1)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+        if v < lo:
+            raise ValueError(f"{name}: expected an int >= {lo}, got {v}")
+    if cp_rank >= cp_world:
+        raise ValueError(f"cp_rank: expected 0 <= cp_rank < cp_world={cp_world}, got {cp_rank}")
+
+
 def decode_attention_fwd_verify(
     q,
     k_buffer,
@@ -173,6 +187,9 @@ def decode_attention_fwd_verify(
     sm_scale,
     page_size,
     k_scale=None,
+    cp_world=1,
+    cp_rank=0,
+    cp_interleave=1,
     *,
     config: dict[str, Any] | None = None,
 ):
@@ -198,12 +215,26 @@ def decode_attention_fwd_verify(
         sm_scale: softmax scale.
         page_size: tokens per cache page.
         k_scale: scalar fp32 tensor dequantizing an fp8 cache; ignored for bf16/fp16.
+        cp_world / cp_rank / cp_interleave: decode context parallelism. With ``cp_world > 1`` the
+            cache is sharded along the sequence over ``cp_world`` ranks, global block ``i`` of
+            ``cp_interleave`` tokens on rank ``i % cp_world``, and this call attends over rank
+            ``cp_rank``'s shard: ``seq_lens`` / ``real_seq_lens`` stay the GLOBAL lengths,
+            ``req_to_token`` and ``k_buffer`` are the rank's LOCAL block table and cache. Row
+            t sees the local keys holding global positions below its limit, and ``o`` / ``lse``
+            are that partial result (``lse = -inf``, ``o = 0`` where the rank holds none of its
+            keys), to be merged across ranks by LSE (``mla_ops.context_parallel``). The split
+            cap applies to the local length. ``cp_world == 1`` is the single-GPU kernel.
         config: keyword-only overrides of the selected launch config (benchmarks, sweeps).
     """
     batch, num_heads, Lk, Lv = checks.check_decode_verify(
         q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
         attn_logits, num_kv_splits, sm_scale, page_size, k_scale,
     )
+    check_context_parallel(cp_world, cp_rank, cp_interleave)
+    # cp_world == 1: cp_rank goes in as None (a constexpr, not a kernel argument) so that the
+    # single-GPU launch compiles to exactly the kernel without context parallelism.
+    cp_rank_arg = cp_rank if cp_world > 1 else None
+    cp_kw = {"CP_WORLD": cp_world, "CP_INTERLEAVE": cp_interleave if cp_world > 1 else 1}
     plat = platform.current()
     cfg = select_verify_config(batch, qlen, num_heads)
     if config:
@@ -248,7 +279,7 @@ def decode_attention_fwd_verify(
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        k_scale, batch, num_kv_splits,
+        k_scale, batch, num_kv_splits, cp_rank_arg,
         QLEN=qlen,
         NUM_HEADS=num_heads,
         HAS_REAL=has_real,
@@ -267,6 +298,7 @@ def decode_attention_fwd_verify(
         USE_TMA=k_desc is not None,
         PERSISTENT=persistent,
         USE_PDL=use_pdl,
+        **cp_kw,
         **launch_kw,
     )
     if single:
@@ -278,7 +310,7 @@ def decode_attention_fwd_verify(
         attn_logits, o, lse, seq_lens, real,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        num_kv_splits,
+        num_kv_splits, cp_rank_arg,
         QLEN=qlen,
         HAS_REAL=has_real,
         SPLIT_ALIGN=cfg["SPLIT_ALIGN"],
@@ -287,6 +319,7 @@ def decode_attention_fwd_verify(
         BLOCK_DV=block_dv,
         Lv=Lv,
         USE_PDL=use_pdl,
+        **cp_kw,
         num_warps=cfg["s2_num_warps"],
         num_stages=1,
         **({"launch_pdl": True} if use_pdl else {}),
@@ -316,6 +349,9 @@ def warmup_decode_attention_fwd_verify(
     sm_scale,
     page_size,
     k_scale=None,
+    cp_world=1,
+    cp_rank=0,
+    cp_interleave=1,
 ):
     """Compile every launch variant serving can reach for these tensors.
 
@@ -327,12 +363,15 @@ def warmup_decode_attention_fwd_verify(
     capture allocates nothing.
 
     Args: as :func:`decode_attention_fwd_verify`; q/o/lse/req_to_token give strides, dtypes and
-    heads only (their row counts are free); attn_logits may be None.
+    heads only (their row counts are free); attn_logits may be None. The context-parallel
+    arguments select the sharded variants (``cp_world`` and ``cp_interleave`` are compiled in;
+    every ``cp_rank`` shares one binary).
     """
     checks.check_warmup_decode_verify(
         q, k_buffer, o, lse, req_to_token, has_real, qlens, attn_logits, sm_scale, page_size,
         k_scale,
     )
+    check_context_parallel(cp_world, cp_rank, cp_interleave)
     num_heads, Lv = q.shape[1], o.shape[-1]
     dev = q.device
     _unit_scale(dev)
@@ -364,5 +403,8 @@ def warmup_decode_attention_fwd_verify(
                     num_kv_splits,
                     sm_scale,
                     page_size,
-                    k_scale=k_scale,
+                    k_scale,
+                    cp_world,
+                    cp_rank,
+                    cp_interleave,
                 )
