@@ -211,9 +211,11 @@ def test_merge_bad_input_names_the_argument(device, exc, name, change):
 RESCALE_BAD = [
     ("part-out-of-range", ValueError, "part:", dict(part=2)),
     ("part-float", TypeError, "part:", dict(part=1.0)),
-    ("o_out-chunks-not-dividing", ValueError, "o_out:", dict(o_out=lambda d: torch.empty(3, 3, 1, 16, device=d))),
+    ("o_out-chunks-not-dividing", ValueError, "o_out:",
+     dict(o_out=lambda d: torch.empty(3, 3, 1, 16, device=d))),
     ("o_out-wrong-shape", ValueError, "o_out:", dict(o_out=lambda d: torch.empty(3, 2, 8, device=d))),
-    ("lse_parts-wrong-rows", ValueError, "lse_parts:", dict(lse_parts=lambda d: torch.zeros(2, 4, 2, device=d))),
+    ("lse_parts-wrong-rows", ValueError, "lse_parts:",
+     dict(lse_parts=lambda d: torch.zeros(2, 4, 2, device=d))),
     ("lse_out-fp16", TypeError, "lse_out:", dict(lse_out=lambda d: torch.empty(3, 2, device=d).half())),
 ]
 

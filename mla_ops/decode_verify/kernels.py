@@ -450,7 +450,8 @@ def _fwd_verify_stage1(
         )
 
 
-@triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits", "cp_rank"])
+@triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits",
+                               "cp_rank"])
 def _fwd_verify_stage2(
     Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32
     O,  # [B*qlen, H, Lv]

@@ -130,7 +130,8 @@ def _rescale_attn_partial(
     o = tl.load(O_Part + row * stride_o_m + head * stride_o_h + offs_d,
                 mask=offs_d < tl.where(seen, head_dim, 0), other=0.0)
     chunk = head // heads_per_chunk
-    p_out = O_Out + row * stride_out_m + chunk * stride_out_c + (head - chunk * heads_per_chunk) * stride_out_h
+    head_in_chunk = head - chunk * heads_per_chunk
+    p_out = O_Out + row * stride_out_m + chunk * stride_out_c + head_in_chunk * stride_out_h
     tl.store(p_out + offs_d, (o.to(tl.float32) * w_own).to(O_Out.dtype.element_ty), mask=mask_d)
     if WRITE_LSE:
         if pid_d == 0:

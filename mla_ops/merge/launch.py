@@ -54,13 +54,15 @@ def _shape(name, t, expected):
 
 def _inner_contiguous(name, t):
     if t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got strides {t.stride()}")
+        raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got strides "
+                         f"{t.stride()}")
 
 
 def _same_device(ref_name, ref, **tensors):
     for name, t in tensors.items():
         if t is not None and t.device != ref.device:
-            raise ValueError(f"{name}: expected a tensor on {ref.device} (the device of {ref_name}), got {t.device}")
+            raise ValueError(f"{name}: expected a tensor on {ref.device} (the device of {ref_name}), "
+                             f"got {t.device}")
 
 
 def check_merge_attn_states(o_parts, lse_parts, o, lse=None) -> tuple[int, int, int, int]:
@@ -69,7 +71,8 @@ def check_merge_attn_states(o_parts, lse_parts, o, lse=None) -> tuple[int, int, 
     _tensor("o_parts", o_parts, 4, (o.dtype, torch.float32))
     num_parts, rows, heads, dim = o_parts.shape
     if num_parts < 1:
-        raise ValueError(f"o_parts: expected at least one partial (shape[0] >= 1), got shape {tuple(o_parts.shape)}")
+        raise ValueError(f"o_parts: expected at least one partial (shape[0] >= 1), got shape "
+                         f"{tuple(o_parts.shape)}")
     _shape("o", o, (rows, heads, dim))
     _tensor("lse_parts", lse_parts, 3, (torch.float32,))
     _shape("lse_parts", lse_parts, (num_parts, rows, heads))
@@ -118,7 +121,8 @@ def merge_attn_states(o_parts, lse_parts, o, lse=None) -> None:
     )
 
 
-def check_rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out=None) -> tuple[int, int, int, int, int]:
+def check_rescale_attn_partial(o_part, lse_parts, part, o_out,
+                               lse_out=None) -> tuple[int, int, int, int, int]:
     """Validate a :func:`rescale_attn_partial` call (metadata only); returns
     ``(P, rows, H, D, chunks)``."""
     _tensor("o_part", o_part, 3, _STATE_DTYPES)
@@ -126,7 +130,8 @@ def check_rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out=None) -> 
     _tensor("lse_parts", lse_parts, 3, (torch.float32,))
     num_parts = lse_parts.shape[0]
     if num_parts < 1:
-        raise ValueError(f"lse_parts: expected at least one partial (shape[0] >= 1), got shape {tuple(lse_parts.shape)}")
+        raise ValueError(f"lse_parts: expected at least one partial (shape[0] >= 1), got shape "
+                         f"{tuple(lse_parts.shape)}")
     _shape("lse_parts", lse_parts, (num_parts, rows, heads))
     if isinstance(part, bool) or not isinstance(part, int):
         raise TypeError(f"part: expected an int, got {type(part).__name__}")
