@@ -4,8 +4,9 @@ whole step (mla_ops.context_parallel) across processes.
 CPU CI: the local-length formulas against a brute-force count (the kernel's own Triton helper
 included); the reference's sharded path merged over ranks against the full reference; the
 kernel's sharded path in the interpreter against the reference on each rank's shard; and the
-step on 2 and 3 gloo processes against float64 attention over the full cache (each world size
-spawns once and runs every case; a case's failure is reported under its own test id).
+step on 2 and 3 gloo processes against float64 attention over the full cache (three processes
+spawn once and run every case, the 2-rank ones on a subgroup; a case's failure is reported
+under its own test id), its capture-and-replay path included.
 
 GPU: the kernel's sharded path in bf16 at serving shapes, and (2 GPUs, NCCL) the step on the
 Triton kernels with every merge method, then captured in a CUDA graph and replayed on new data.
@@ -39,7 +40,11 @@ from mla_ops.context_parallel import (
     shard_positions,
 )
 from mla_ops.decode_verify.kernels import _cp_local_len
-from mla_ops.decode_verify.launch import check_context_parallel, decode_attention_fwd_verify
+from mla_ops.decode_verify.launch import (
+    check_context_parallel,
+    decode_attention_fwd_verify,
+    warmup_decode_attention_fwd_verify,
+)
 from mla_ops.reference import cp_global_positions, decode_verify_ref, merge_attn_states_ref
 
 SM_SCALE = 0.1352
@@ -139,6 +144,7 @@ class Case:
     Lv: int = 32
     rope: int = 16
     seed: int = 0
+    capture: bool = False  # run_capture_case: eager, then captured and replayed on new data
 
 
 @dataclasses.dataclass
@@ -311,8 +317,11 @@ GLOO_CASES = [
          seed=5),
     Case("w2-I16-fp16-rs-triton", 2, 4, 2, (40, 100), (40, 70), 16, 16, "fp16", kernel="triton",
          seed=6),
-    Case("w2-I16-fp32-ar-triton-fp32-sum", 2, 3, 2, (2, 77), (0, 77), 16, 16, "fp32", method="ar",
-         kernel="triton", comm_dtype="fp32", seed=8),
+    Case("w2-I16-fp16-ar-fp32-sum", 2, 3, 2, (2, 77), (0, 77), 16, 16, "fp16", method="ar",
+         comm_dtype="fp32", seed=8),
+    # The capture-and-replay path of the NCCL test (replays are plain calls on CPU).
+    Case("w2-I16-fp16-rs-replays", 2, 4, 2, (40, 130, 7), (40, 100, 7), 16, 16, "fp16",
+         capture=True, seed=14),
     Case("w3-I1-fp32-rs-ragged", 3, 3, 2, (1, 37, 130), None, 16, 1, "fp32", seed=9),
     Case("w3-I16-fp16-ar-real", 3, 4, 3, (2, 50, 129), (1, 50, 64), 16, 16, "fp16", method="ar",
          seed=10),
@@ -368,7 +377,7 @@ def run_gloo_case(case: Case, rank: int, group) -> None:
     ref, pt = full_references(case, glob)
     heads = _heads(case, rank)
     check_against_full(case.id, case, o, lse, ref, pt, heads)
-    if case.kernel == "triton":
+    if case.kernel == "triton" and rank == 0:  # (one rank suffices: it is the same op)
         rows = glob.q.shape[0]
         op_o = torch.full((rows, case.heads, case.Lv), float("nan"), dtype=glob.q.dtype)
         op_lse = torch.full((rows, case.heads), float("nan"))
@@ -380,6 +389,64 @@ def run_gloo_case(case: Case, rank: int, group) -> None:
         dtype = DTYPES[case.dtype]
         assert_fa_rule(f"{case.id} o vs the op", o, ref[0][:, heads], op_o[:, heads], dtype)
         assert_fa_rule(f"{case.id} lse vs the op", lse, ref[1][:, heads], op_lse[:, heads], dtype)
+
+
+def _capture(fn, device):
+    """``(outputs, replay)`` of ``fn`` captured in a CUDA graph. Elsewhere (the gloo run of this
+    path) ``replay`` calls ``fn`` again: the step returns views of buffers it owns, so the
+    outputs are refreshed in place either way."""
+    if device.type != "cuda":
+        return fn(), fn
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return out, graph.replay
+
+
+def run_capture_case(case: Case, rank: int, device, group=None) -> None:
+    """Eager step vs the full attention, then the step captured (a CUDA graph on GPUs) and
+    replayed on new queries, cache contents and (shorter) lengths, each replay checked the same
+    way. All collectives (eager, capture, replays) run before any check (see run_gloo_case)."""
+    glob = make_global(case, device)
+    cache, table = shard(case, glob, rank)
+    step = CPVerify(group, max_batch=len(case.lens), max_qlen=case.qlen, num_heads=case.heads,
+                    Lv=case.Lv, Lk=case.Lv + case.rope, dtype=DTYPES[case.dtype], device=device,
+                    page_size=case.page, sm_scale=SM_SCALE, interleave=case.interleave,
+                    num_kv_splits=case.splits, method=case.method,
+                    comm_dtype=DTYPES[case.comm_dtype] if case.comm_dtype else None,
+                    kernel=case.kernel)
+    heads = _heads(case, rank)
+    lens = glob.lens.clone()
+    real = glob.real.clone() if glob.real is not None else None
+    _poison(step)
+    o, lse = step(glob.q, cache, table, lens, real, case.qlen)  # eager: compiles, inits NCCL
+    done = [("eager", o.clone(), lse.clone(), dataclasses.replace(glob, q=glob.q.clone()))]
+
+    (o_g, lse_g), replay = _capture(lambda: step(glob.q, cache, table, lens, real, case.qlen),
+                                    device)
+    gen = torch.Generator(device=device).manual_seed(5)
+    for trial in range(2):
+        # New queries and cache contents at the same lengths (so the same local page order and
+        # table), then shorter lengths: a prefix of the global sequence is held as a prefix of
+        # every rank's local sequence, so the captured cache and table still describe it.
+        new = make_global(dataclasses.replace(case, seed=case.seed + 100 + trial), device)
+        new_cache, new_table = shard(case, new, rank)
+        assert torch.equal(new_table, table)
+        new.lens = torch.minimum(glob.lens, torch.randint(0, max(case.lens) + 1, lens.shape,
+                                                          generator=gen, device=device).int())
+        glob.q.copy_(new.q)
+        cache.copy_(new_cache)
+        lens.copy_(new.lens)
+        if real is not None:
+            new.real = torch.minimum(new.lens, glob.real)
+            real.copy_(new.real)
+        _poison(step)
+        replay()
+        done.append((f"replay {trial}", o_g.clone(), lse_g.clone(), new))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    for name, o, lse, g in done:
+        check_against_full(f"{case.id} {name}", case, o, lse, *full_references(case, g), heads)
 
 
 GLOO_PROCESSES = 3
@@ -403,7 +470,10 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_dir: str, cases: lis
         for case in cases:
             if rank < case.world:
                 try:
-                    run_gloo_case(case, rank, groups[case.world])
+                    if case.capture:
+                        run_capture_case(case, rank, torch.device("cpu"), groups[case.world])
+                    else:
+                        run_gloo_case(case, rank, groups[case.world])
                     results[case.id] = None
                 except Exception:  # noqa: BLE001 - reported under the case's own test id
                     results[case.id] = traceback.format_exc()
@@ -499,6 +569,48 @@ def test_gpu_kernel_cp_path_matches_reference(device, world, rank, interleave, q
     assert torch.equal(torch.isneginf(lse), empty) and (o[empty] == 0).all()
 
 
+@pytest.mark.gpu
+def test_gpu_cp_warmup_then_capture_compiles_nothing(device):
+    """The warmup with the context-parallel arguments compiles what a sharded capture needs,
+    for every rank (cp_rank is not compiled in), with one split and several."""
+    from test_decode_verify import _compilations
+
+    world, interleave, heads, qlen, page, splits = 2, 64, 16, 2, 64, 4
+    case = Case("w", world, heads, qlen, (3000, 700, 5, 4000), (3000, 0, 5, 3500), page,
+                interleave, "bf16", Lv=512, rope=64)
+    glob = make_global(case, device)
+    cache, table = shard(case, glob, 1)
+    rows = glob.q.shape[0]
+    o = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(rows, heads, device=device)
+    ws = torch.empty(rows, heads, splits, 513, device=device)
+    warmup_decode_attention_fwd_verify(glob.q, cache, o, lse, table, True, [qlen], ws, SM_SCALE,
+                                       page, None, world, 1, interleave)
+    count, cache_size, restore = _compilations()
+    try:
+        before = cache_size()
+        graphs = {}
+        for rank in (0, 1):
+            for n in (1, splits):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    decode_attention_fwd_verify(glob.q, cache, cache[..., :512], o, lse, table,
+                                                glob.lens, glob.real, qlen, ws if n > 1 else None,
+                                                n, SM_SCALE, page, None, world, rank, interleave)
+                graphs[rank, n] = g
+        assert count["hook"] == 0 and cache_size() == before, "a capture compiled a kernel"
+    finally:
+        restore()
+    o.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    graphs[1, splits].replay()
+    args = (glob.q, cache, 512, table, glob.lens, glob.real, qlen, SM_SCALE, page, None)
+    ref_o, ref_lse = decode_verify_ref(*args, torch.float64, world, 1, interleave)
+    pt_o, pt_lse = decode_verify_ref(*args, torch.bfloat16, world, 1, interleave)
+    assert_fa_rule("o", o, ref_o, pt_o, torch.bfloat16)
+    assert_fa_rule("lse", lse, ref_lse, pt_lse, torch.bfloat16)
+
+
 NCCL_CASES = [
     Case("nccl-I64-H16-q2-rs", 2, 16, 2, (1, 700, 4097, 63), None, 64, 64, "bf16", "rs", "triton",
          4, Lv=512, rope=64, seed=20),
@@ -509,51 +621,6 @@ NCCL_CASES = [
     Case("nccl-I64-H16-q2-rs-fp32-sum", 2, 16, 2, (65, 5000), None, 64, 64, "bf16", "rs", "triton",
          8, comm_dtype="fp32", Lv=512, rope=64, seed=23),
 ]
-
-
-def run_nccl_case(case: Case, rank: int, device) -> None:
-    """Eager step vs the full attention, then the step captured in a CUDA graph and replayed on
-    new queries, cache contents and (shorter) lengths, each replay checked the same way. All
-    collectives (eager, capture, replays) run before any check (see run_gloo_case)."""
-    glob = make_global(case, device)
-    cache, table = shard(case, glob, rank)
-    step = CPVerify(None, max_batch=len(case.lens), max_qlen=case.qlen, num_heads=case.heads,
-                    Lv=case.Lv, Lk=case.Lv + case.rope, dtype=DTYPES[case.dtype], device=device,
-                    page_size=case.page, sm_scale=SM_SCALE, interleave=case.interleave,
-                    num_kv_splits=case.splits, method=case.method,
-                    comm_dtype=DTYPES[case.comm_dtype] if case.comm_dtype else None)
-    heads = _heads(case, rank)
-    lens = glob.lens.clone()
-    real = glob.real.clone() if glob.real is not None else None
-    _poison(step)
-    o, lse = step(glob.q, cache, table, lens, real, case.qlen)  # eager: compiles, inits NCCL
-    done = [("eager", o.clone(), lse.clone(), dataclasses.replace(glob, q=glob.q.clone()))]
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o_g, lse_g = step(glob.q, cache, table, lens, real, case.qlen)
-    gen = torch.Generator(device=device).manual_seed(5)
-    for trial in range(2):
-        # New queries and cache contents at the same lengths (so the same local page order and
-        # table), then shorter lengths: a prefix of the global sequence is held as a prefix of
-        # every rank's local sequence, so the captured cache and table still describe it.
-        new = make_global(dataclasses.replace(case, seed=case.seed + 100 + trial), device)
-        new_cache, new_table = shard(case, new, rank)
-        assert torch.equal(new_table, table)
-        new.lens = torch.minimum(glob.lens, torch.randint(0, max(case.lens) + 1, lens.shape,
-                                                          generator=gen, device=device).int())
-        glob.q.copy_(new.q)
-        cache.copy_(new_cache)
-        lens.copy_(new.lens)
-        if real is not None:
-            new.real = torch.minimum(new.lens, glob.real)
-            real.copy_(new.real)
-        _poison(step)
-        graph.replay()
-        done.append((f"replay {trial}", o_g.clone(), lse_g.clone(), new))
-    torch.cuda.synchronize()
-    for name, o, lse, g in done:
-        check_against_full(f"{case.id} {name}", case, o, lse, *full_references(case, g), heads)
 
 
 def _nccl_worker(rank: int, world: int, init_file: str, out_dir: str, cases: list) -> None:
@@ -568,7 +635,7 @@ def _nccl_worker(rank: int, world: int, init_file: str, out_dir: str, cases: lis
     try:
         for case in cases:
             try:
-                run_nccl_case(case, rank, device)
+                run_capture_case(case, rank, device)
                 results[case.id] = None
             except Exception:  # noqa: BLE001
                 results[case.id] = traceback.format_exc()
