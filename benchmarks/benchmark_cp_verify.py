@@ -225,7 +225,8 @@ def time_graph(fn, replays: int, collective: bool) -> float:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: the NCCL watchdog thread may query its events while this thread captures.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         fn()
     graph.replay()
     torch.cuda.synchronize()

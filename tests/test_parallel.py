@@ -397,8 +397,10 @@ def _capture(fn, device):
     outputs are refreshed in place either way."""
     if device.type != "cuda":
         return fn(), fn
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: the NCCL watchdog thread may query its events while this thread captures.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         out = fn()
     return out, graph.replay
 
