@@ -81,9 +81,13 @@ class BuildC(build_ext):
         generated = os.path.join(os.path.abspath(self.build_temp), "generated")
         os.makedirs(generated, exist_ok=True)
         spec = _load("_mla_ops_spec", "mla_ops/spec.py")
-        with open(os.path.join(generated, "mla_spec_generated.inc"), "w") as f:
-            f.write(spec.cpp_source())
+        inc = os.path.join(generated, "mla_spec_generated.inc")
+        text = spec.cpp_source()
+        if not os.path.exists(inc) or open(inc).read() != text:  # a changed spec rebuilds _C
+            with open(inc, "w") as f:
+                f.write(text)
         ext = CppExtension(EXT_NAME, ["csrc_meta/mla_meta.cpp"], include_dirs=[generated],
+                           depends=[inc],
                            # Shape checks only: optimisation buys nothing and costs build time.
                            extra_compile_args={"cxx": ["-O1", "-g0", "-std=c++17"]})
         # The real extension replaces the placeholder for the builder, which takes this

@@ -83,11 +83,50 @@ def _context_attention_cpu(*args):
     context_attention_op_ref(*args)
 
 
+def _merge_attn_states_cuda(*args):
+    from .merge.launch import merge_attn_states
+
+    merge_attn_states(*args)
+
+
+def _merge_attn_states_cpu(o_parts, lse_parts, o, lse=None):
+    if interpreter_enabled():
+        return _merge_attn_states_cuda(o_parts, lse_parts, o, lse)
+    from .reference import merge_attn_states_ref
+
+    CHECKS["merge_attn_states"](o_parts, lse_parts, o, lse)
+    out, out_lse = merge_attn_states_ref(o_parts, lse_parts)
+    o.copy_(out)
+    if lse is not None:
+        lse.copy_(out_lse)
+
+
+def _rescale_attn_partial_cuda(*args):
+    from .merge.launch import rescale_attn_partial
+
+    rescale_attn_partial(*args)
+
+
+def _rescale_attn_partial_cpu(o_part, lse_parts, part, o_out, lse_out=None):
+    if interpreter_enabled():
+        return _rescale_attn_partial_cuda(o_part, lse_parts, part, o_out, lse_out)
+    from .reference import rescale_attn_partial_ref
+
+    CHECKS["rescale_attn_partial"](o_part, lse_parts, part, o_out, lse_out)
+    out, out_lse = rescale_attn_partial_ref(o_part, lse_parts, part)
+    o_out.copy_(out.view(o_out.shape))
+    if lse_out is not None:
+        lse_out.copy_(out_lse)
+
+
 # op -> {dispatch key: kernel}. HIP tensors dispatch to the CUDA key.
 KERNELS: dict[str, dict[str, Callable]] = {
     "decode_verify": {"CPU": _decode_verify_cpu, "CUDA": _decode_verify_cuda},
     "warmup_decode_verify": {"CPU": _warmup_decode_verify_cpu, "CUDA": _warmup_decode_verify_cuda},
     "context_attention": {"CPU": _context_attention_cpu, "CUDA": _context_attention_cuda},
+    "merge_attn_states": {"CPU": _merge_attn_states_cpu, "CUDA": _merge_attn_states_cuda},
+    "rescale_attn_partial": {"CPU": _rescale_attn_partial_cpu,
+                             "CUDA": _rescale_attn_partial_cuda},
 }
 
 

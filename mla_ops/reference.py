@@ -11,8 +11,17 @@ import math
 
 import torch
 
-__all__ = ["decode_verify_ref", "context_attention_ref", "verify_row_limits", "cache_pages",
-           "decode_verify_op_ref", "context_attention_op_ref"]
+__all__ = [
+    "decode_verify_ref",
+    "context_attention_ref",
+    "merge_attn_states_ref",
+    "rescale_attn_partial_ref",
+    "verify_row_limits",
+    "cache_pages",
+    "cp_global_positions",
+    "decode_verify_op_ref",
+    "context_attention_op_ref",
+]
 
 FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
                                                "float8_e5m2fnuz") if hasattr(torch, n))
@@ -34,6 +43,18 @@ def verify_row_limits(L: int, L_real: int | None, qlen: int) -> torch.Tensor:
     return lim.clamp(min=0)
 
 
+def cp_global_positions(n: int, world: int, rank: int, interleave: int) -> torch.Tensor:
+    """Global positions below ``n`` held by context-parallel rank ``rank``, in local order.
+
+    Global block ``i`` (positions ``[i*interleave, (i+1)*interleave)``) lives on rank
+    ``i % world``, stored in order: local key ``j`` of the rank holds global position
+    ``cp_global_positions(...)[j]``. Enumerated, not computed by a formula, so that it can
+    check the kernels' and helpers' closed forms.
+    """
+    pos = torch.arange(max(n, 0))
+    return pos[(pos // interleave) % world == rank]
+
+
 def decode_verify_ref(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -46,6 +67,9 @@ def decode_verify_ref(
     page_size: int,
     k_scale: torch.Tensor | float | None = None,
     compute_dtype: torch.dtype = torch.float32,
+    cp_world: int = 1,
+    cp_rank: int = 0,
+    cp_interleave: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal MLA verify attention.
 
@@ -56,6 +80,11 @@ def decode_verify_ref(
             ``k_scale`` is ignored for 16-bit caches, as the kernels ignore it.
         req_to_token: ``[B, max_pages]`` int block table.
         seq_lens / real_seq_lens: ``[B]`` ints (real_seq_lens may be None).
+        cp_world / cp_rank / cp_interleave: context parallelism, as in
+            ``decode_attention_fwd_verify``: the lengths are global, ``k_buffer`` and
+            ``req_to_token`` the rank's shard, whose local key ``j`` holds global position
+            ``cp_global_positions(L, ...)[j]``; row t sees the local keys whose global position
+            is below its limit. The result is the rank's partial (o, lse).
 
     Returns:
         ``o`` ``[B*qlen, H, Lv]`` and ``lse`` ``[B*qlen, H]`` (natural log), both in
@@ -71,20 +100,73 @@ def decode_verify_ref(
     reals = real_seq_lens.tolist() if real_seq_lens is not None else [None] * batch
     for b in range(batch):
         lim = verify_row_limits(lens[b], reals[b], qlen).to(q.device)  # [qlen]
-        n_keys = int(lim.max())
+        # Global position of each key this call holds: all of them, or the rank's shard.
+        if cp_world > 1:
+            gpos = cp_global_positions(lens[b], cp_world, cp_rank, cp_interleave).to(q.device)
+        else:
+            gpos = torch.arange(lens[b], device=q.device)
+        n_keys = int((gpos < lim.max()).sum())  # the keys any row sees: a prefix of gpos
         if n_keys == 0:
             continue
         table = req_to_token[b, : math.ceil(n_keys / page_size)].long()
         kv = pages[table].reshape(-1, Lk)[:n_keys].to(compute_dtype) * scale  # [n, Lk]
         qb = q[b * qlen : (b + 1) * qlen].to(compute_dtype)  # [qlen, H, Lk]
         s = torch.einsum("thd,nd->thn", qb, kv) * sm_scale
-        visible = torch.arange(n_keys, device=q.device)[None, :] < lim[:, None]  # [qlen, n]
+        visible = gpos[None, :n_keys] < lim[:, None]  # [qlen, n]
         s = s.masked_fill(~visible[:, None, :], float("-inf"))
         row_lse = torch.logsumexp(s, dim=-1)  # [qlen, H]; -inf where a row sees nothing
         safe = torch.where(torch.isinf(row_lse), torch.zeros_like(row_lse), row_lse)
         p = torch.exp(s - safe[..., None])
         o[b * qlen : (b + 1) * qlen] = torch.einsum("thn,nd->thd", p, kv[:, :Lv])
         lse[b * qlen : (b + 1) * qlen] = row_lse
+    return o, lse
+
+
+def merge_attn_states_ref(
+    o_parts: torch.Tensor,
+    lse_parts: torch.Tensor,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact merge of P partial attention states of the same rows over disjoint key sets.
+
+    Args:
+        o_parts: ``[P, ...rows, D]`` each partial's normalized output.
+        lse_parts: ``[P, ...rows]`` natural-log LSE of each partial; ``-inf``: the partial saw
+            no key (its o is not read, NaN there is harmless).
+
+    Returns:
+        ``o [...rows, D]`` ``= sum_p exp(lse_p - lse) o_p`` and ``lse [...rows]``
+        ``= log sum_p exp(lse_p)``, in ``compute_dtype``; ``o = 0``, ``lse = -inf`` where every
+        partial is ``-inf``.
+    """
+    lse_p = lse_parts.to(compute_dtype)
+    lse = torch.logsumexp(lse_p, dim=0)  # -inf where all partials are
+    empty = torch.isinf(lse) & (lse < 0)
+    w = torch.exp(lse_p - torch.where(empty, torch.zeros_like(lse), lse))  # [P, ...rows]
+    o_p = torch.where((lse_p == float("-inf"))[..., None], 0.0, o_parts.to(compute_dtype))
+    o = (w[..., None] * o_p).sum(dim=0)
+    return o, lse
+
+
+def rescale_attn_partial_ref(
+    o_part: torch.Tensor,
+    lse_parts: torch.Tensor,
+    part: int,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial ``part``'s share of the merged state: ``(exp(lse_part - lse) * o_part, lse)`` with
+    ``lse = log sum_p exp(lse_parts[p])``; 0 where ``lse_parts[part]`` is ``-inf`` (o_part not
+    read there). Summed over the partials, the shares give :func:`merge_attn_states_ref`'s o.
+
+    Args: ``o_part [...rows, D]``, ``lse_parts [P, ...rows]``. Returns ``([...rows, D],
+    [...rows])`` in ``compute_dtype``.
+    """
+    lse_p = lse_parts.to(compute_dtype)
+    lse = torch.logsumexp(lse_p, dim=0)
+    own = lse_p[part]
+    seen = own > float("-inf")
+    w = torch.where(seen, torch.exp(own - torch.where(seen, lse, torch.zeros_like(lse))), 0.0)
+    o = torch.where(seen[..., None], o_part.to(compute_dtype), 0.0) * w[..., None]
     return o, lse
 
 
@@ -153,17 +235,20 @@ def context_attention_ref(
 
 def decode_verify_op_ref(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens,
                          qlen, attn_logits, num_kv_splits, sm_scale, page_size, k_scale=None,
-                         *cp):
+                         cp_world=1, cp_rank=0, cp_interleave=1):
     """The CPU kernel of ``mla::decode_verify``: checks the arguments and, since it synchronises
     anyway, the data (:mod:`mla_ops.checked`), then writes ``o`` and ``lse``."""
     from . import checked, spec
 
     args = (q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
-            attn_logits, num_kv_splits, sm_scale, page_size, k_scale, *cp)
+            attn_logits, num_kv_splits, sm_scale, page_size, k_scale, cp_world, cp_rank,
+            cp_interleave)
     spec.python_checks()["decode_verify"](*args)
     checked.validate_decode_verify(*args)
     out, out_lse = decode_verify_ref(q, k_buffer, v_buffer.shape[-1], req_to_token, seq_lens,
-                                     real_seq_lens, qlen, sm_scale, page_size, k_scale)
+                                     real_seq_lens, qlen, sm_scale, page_size, k_scale,
+                                     cp_world=cp_world, cp_rank=cp_rank,
+                                     cp_interleave=cp_interleave)
     o.copy_(out)
     lse.copy_(out_lse)
 

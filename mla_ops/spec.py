@@ -123,7 +123,7 @@ def at_least(x, minimum, when=None) -> Rule:
 
 def positive_finite(x, when=None) -> Rule:
     return check(f"finite({x}) and {x} > 0",
-                 f"{x}: expected a finite positive float, got {{{x}}}", when=when)
+                 f"{x}: expected a finite positive float, got {{flt({x})}}", when=when)
 
 
 def same_device(ref, *names) -> list[Rule]:
@@ -347,8 +347,68 @@ CONTEXT_ATTENTION = OpSpec(
     returns=("hq", "hkv", "d"),
 )
 
+MERGE_ATTN_STATES = OpSpec(
+    "merge_attn_states",
+    "(Tensor o_parts, Tensor lse_parts, Tensor(a!) o, Tensor(b!)? lse=None) -> ()",
+    _rules(
+        tensor("o", 3, "ACT"),
+        tensor("o_parts", 4),
+        check("o_parts.dtype == o.dtype or o_parts.dtype in F32",
+              "o_parts: expected the dtype of o ({dtype(o.dtype)}) or float32, got "
+              "{dtype(o_parts.dtype)}", "TypeError"),
+        let("parts", "o_parts.shape[0]"),
+        let("rows", "o_parts.shape[1]"),
+        let("heads", "o_parts.shape[2]"),
+        let("dim", "o_parts.shape[3]"),
+        check("parts >= 1", "o_parts: expected at least one partial (shape[0] >= 1), got shape "
+              "{shape(o_parts)}"),
+        shape("o", "rows", "heads", "dim"),
+        tensor("lse_parts", 3, "F32"),
+        shape("lse_parts", "parts", "rows", "heads"),
+        tensor("lse", 2, "F32", when="lse is not None"),
+        shape("lse", "rows", "heads", when="lse is not None"),
+        inner_contiguous("o_parts"),
+        inner_contiguous("o"),
+        same_device("o", "o_parts", "lse_parts", "lse"),
+    ),
+    returns=("parts", "rows", "heads", "dim"),
+)
+
+RESCALE_ATTN_PARTIAL = OpSpec(
+    "rescale_attn_partial",
+    "(Tensor o_part, Tensor lse_parts, int part, Tensor(a!) o_out, Tensor(b!)? lse_out=None) "
+    "-> ()",
+    _rules(
+        tensor("o_part", 3, "ACT"),
+        let("rows", "o_part.shape[0]"),
+        let("heads", "o_part.shape[1]"),
+        let("dim", "o_part.shape[2]"),
+        tensor("lse_parts", 3, "F32"),
+        let("parts", "lse_parts.shape[0]"),
+        check("parts >= 1", "lse_parts: expected at least one partial (shape[0] >= 1), got "
+              "shape {shape(lse_parts)}"),
+        shape("lse_parts", "parts", "rows", "heads"),
+        check("0 <= part and part < parts",
+              "part: expected 0 <= part < {parts} (lse_parts.shape[0]), got {part}"),
+        tensor("o_out", (3, 4), "ACT"),
+        shape("o_out", "rows", "heads", "dim", when="o_out.dim() == 3"),
+        let("chunks", "o_out.shape[1]"),
+        check("chunks >= 1 and heads % chunks == 0 and "
+              "sizes(o_out) == tup(rows, chunks, heads // chunks, dim)",
+              "o_out: expected [rows, C, H/C, D] with C dividing H={heads} and rows={rows}, "
+              "D={dim}, got shape {shape(o_out)}", when="o_out.dim() == 4"),
+        tensor("lse_out", 2, "F32", when="lse_out is not None"),
+        shape("lse_out", "rows", "heads", when="lse_out is not None"),
+        inner_contiguous("o_part"),
+        inner_contiguous("o_out"),
+        same_device("o_part", "lse_parts", "o_out", "lse_out"),
+    ),
+    returns=("parts", "rows", "heads", "dim"),
+)
+
 OPS: dict[str, OpSpec] = {s.name: s for s in (DECODE_VERIFY, WARMUP_DECODE_VERIFY,
-                                                 CONTEXT_ATTENTION)}
+                                                 CONTEXT_ATTENTION, MERGE_ATTN_STATES,
+                                                 RESCALE_ATTN_PARTIAL)}
 
 
 # --- schema parsing -------------------------------------------------------------------------
@@ -443,6 +503,7 @@ def _py_helpers() -> dict[str, Any]:
         "dtype": str,
         "dtype_name": lambda d: str(d).replace("torch.", ""),
         "tup": lambda *xs: tuple(xs),
+        "flt": float,
         **sets,
     }
 
@@ -476,7 +537,7 @@ _CPP_PARAM = {
 _CPP_CALLS = {  # helper name -> C++ function (arguments translated)
     "pow2": "is_pow2", "finite": "std::isfinite", "shape": "shape_str", "sizes": "sizes_of",
     "lead": "lead_sizes", "strides": "strides_str", "dtype": "dtype_str",
-    "dtype_name": "dtype_name", "len": "list_len",
+    "dtype_name": "dtype_name", "len": "list_len", "flt": "",
 }
 
 

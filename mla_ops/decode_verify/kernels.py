@@ -16,6 +16,13 @@ Launch features, each a constexpr set from the config (``configs.py``): ``SWAP_A
 MMA's N), ``QSPLIT`` (the Lv part in two halves), ``USE_TMA`` (unmasked KV blocks by bulk tensor
 copies through host descriptors), ``PERSISTENT`` (programs loop over the stage-1 work) and
 ``USE_PDL`` (stage 2 as a programmatic dependent launch of stage 1).
+
+Decode context parallelism (``CP_WORLD > 1``): the cache is sharded along the sequence over
+``CP_WORLD`` ranks in round-robin blocks of ``CP_INTERLEAVE`` tokens, and this launch attends
+over rank ``cp_rank``'s shard. Lengths come in global, the block table is the rank's own; each
+program turns the row limits and the request length into local ones (``_cp_local_len``), and
+everything after that (splits, masks, table reads) is the single-GPU code on local positions.
+``CP_WORLD == 1`` (``cp_rank`` None) compiles to exactly the single-GPU kernel.
 """
 
 import triton
@@ -30,6 +37,20 @@ except ImportError:
     HAS_PDL = False
 
 _LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _cp_local_len(n, cp_rank, CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexpr):
+    """How many of the global positions ``[0, n)`` rank ``cp_rank`` holds (``n >= 0``, any shape).
+
+    Global block ``i`` (positions ``[i*I, (i+1)*I)``) lives on rank ``i % W``, stored in order,
+    so the positions a rank holds below ``n`` are a prefix of its local cache of this length:
+    ``I`` per whole cycle of ``W*I`` positions, plus the rank's part of the last, partial cycle.
+    """
+    CYCLE: tl.constexpr = CP_WORLD * CP_INTERLEAVE
+    cycles = n // CYCLE
+    part = tl.minimum(tl.maximum(n - cycles * CYCLE - cp_rank * CP_INTERLEAVE, 0), CP_INTERLEAVE)
+    return cycles * CP_INTERLEAVE + part
 
 
 @triton.jit
@@ -216,7 +237,8 @@ def _stage1_program(
     BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr, MIN_SPLIT_LEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
     QSPLIT: tl.constexpr, SINGLE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FP8_DOT_FP16: tl.constexpr, SWAP_AB: tl.constexpr, USE_TMA: tl.constexpr,
+    FP8_DOT_FP16: tl.constexpr, SWAP_AB: tl.constexpr, USE_TMA: tl.constexpr, cp_rank,
+    CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexpr,
 ):
     """Stage 1 for one (row block, request, split) ``pid``: the arguments of
     ``_fwd_verify_stage1`` (documented there). A function of its own so that the non-persistent
@@ -242,6 +264,11 @@ def _stage1_program(
     head = offs_r % NUM_HEADS
     row_lim = tl.minimum(seq_len - QLEN + 1 + tok, real_len)
     row_lim = tl.where(row_valid, tl.maximum(row_lim, 0), 0)  # [BLOCK_H]
+    if CP_WORLD > 1:
+        # Global limits and length -> this rank's: a row's keys are a prefix of the local cache,
+        # and the splits cut the local length. Everything below is in local positions.
+        row_lim = _cp_local_len(row_lim, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        seq_len = _cp_local_len(seq_len, cp_rank, CP_WORLD, CP_INTERLEAVE)
     min_lim = tl.min(tl.where(row_valid, row_lim, 2147483647), axis=0)
     max_lim = tl.max(row_lim, axis=0)
 
@@ -344,7 +371,8 @@ def _stage1_program(
         tl.store(p_mid_lse, lse, mask=row_valid)
 
 
-@triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "batch", "num_kv_splits"])
+@triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "batch", "num_kv_splits",
+                               "cp_rank"])
 def _fwd_verify_stage1(
     Q,  # [B*qlen, H, Lk]
     K_Buffer,  # paged latent cache, element offsets computed from the page / token strides
@@ -372,6 +400,7 @@ def _fwd_verify_stage1(
     K_Scale,  # [] fp32
     batch,
     num_kv_splits,
+    cp_rank,  # CP_WORLD > 1: this rank; None otherwise (a constexpr None: not a kernel argument)
     QLEN: tl.constexpr,
     NUM_HEADS: tl.constexpr,
     HAS_REAL: tl.constexpr,
@@ -390,6 +419,8 @@ def _fwd_verify_stage1(
     USE_TMA: tl.constexpr,  # K tiles by bulk tensor copies (see _attend_block)
     PERSISTENT: tl.constexpr,  # grid smaller than the work: each program loops over pids
     USE_PDL: tl.constexpr,  # stage 2 follows by programmatic dependent launch (see stage 2)
+    CP_WORLD: tl.constexpr,  # context-parallel ranks (1: the single-GPU kernel; see the top)
+    CP_INTERLEAVE: tl.constexpr,  # tokens per round-robin block of the sharded cache
 ):
     if USE_PDL:
         # Stage 2 may be launched now; it waits for this grid's completion before reading Mid.
@@ -406,7 +437,7 @@ def _fwd_verify_stage1(
                 stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm,
                 stride_lh, K_Scale, batch, num_kv_splits, QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL,
                 BLOCK_DPE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE,
-                DOT_PRECISION, FP8_DOT_FP16, SWAP_AB, USE_TMA,
+                DOT_PRECISION, FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE,
             )
     else:
         _stage1_program(
@@ -415,11 +446,12 @@ def _fwd_verify_stage1(
             stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
             K_Scale, batch, num_kv_splits, QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL, BLOCK_DPE,
             BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE, DOT_PRECISION,
-            FP8_DOT_FP16, SWAP_AB, USE_TMA,
+            FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE,
         )
 
 
-@triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits"])
+@triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits",
+                               "cp_rank"])
 def _fwd_verify_stage2(
     Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32
     O,  # [B*qlen, H, Lv]
@@ -434,6 +466,7 @@ def _fwd_verify_stage2(
     stride_lm,
     stride_lh,
     num_kv_splits,
+    cp_rank,  # as in stage 1
     QLEN: tl.constexpr,
     HAS_REAL: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
@@ -442,6 +475,8 @@ def _fwd_verify_stage2(
     BLOCK_DV: tl.constexpr,
     Lv: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of stage 1
+    CP_WORLD: tl.constexpr,
+    CP_INTERLEAVE: tl.constexpr,
 ):
     if USE_PDL:
         # Launched before stage 1 has finished (its launch latency hidden behind stage 1's
@@ -458,6 +493,9 @@ def _fwd_verify_stage2(
     else:
         real_len = seq_len
     lim = tl.maximum(tl.minimum(seq_len - QLEN + 1 + tok, real_len), 0)
+    if CP_WORLD > 1:  # local limit and length, as in stage 1
+        lim = _cp_local_len(lim, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        seq_len = _cp_local_len(seq_len, cp_rank, CP_WORLD, CP_INTERLEAVE)
     # Same chunking as stage 1; only the splits starting below the row's limit exist.
     chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
     chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN

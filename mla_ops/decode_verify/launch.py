@@ -226,9 +226,15 @@ def decode_attention_fwd_verify(
         sm_scale: softmax scale (finite, positive).
         page_size: tokens per cache page.
         k_scale: scalar fp32 tensor dequantizing an fp8 cache; ignored for bf16/fp16.
-        cp_world, cp_rank, cp_interleave: context parallelism (``mla_ops.parallel``): this
-            rank's cache holds the global key blocks ``i`` of ``cp_interleave`` tokens with
-            ``i % cp_world == cp_rank``; ``seq_lens``/``real_seq_lens`` stay global.
+        cp_world / cp_rank / cp_interleave: decode context parallelism. With ``cp_world > 1`` the
+            cache is sharded along the sequence over ``cp_world`` ranks, global block ``i`` of
+            ``cp_interleave`` tokens on rank ``i % cp_world``, and this call attends over rank
+            ``cp_rank``'s shard: ``seq_lens`` / ``real_seq_lens`` stay the GLOBAL lengths,
+            ``req_to_token`` and ``k_buffer`` are the rank's LOCAL block table and cache. Row
+            t sees the local keys holding global positions below its limit, and ``o`` / ``lse``
+            are that partial result (``lse = -inf``, ``o = 0`` where the rank holds none of its
+            keys), to be merged across ranks by LSE (``mla_ops.context_parallel``). The split
+            cap applies to the local length. ``cp_world == 1`` is the single-GPU kernel.
         config: keyword-only overrides of the selected launch config (benchmarks, sweeps).
     """
     args = (q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
@@ -276,14 +282,17 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     # compiled variant whatever the batch: the loop runs once when the work fits).
     persistent = cfg["PERSISTENT"] > 0
     grid = (min(programs, cfg["PERSISTENT"] * plat.sm_count) if persistent else programs,)
-    cp = {"CP_WORLD": cp_world} if cp_world > 1 else {}
-    cp_args = (cp_rank, cp_interleave) if cp_world > 1 else ()
+    # cp_world == 1: cp_rank goes in as None (a constexpr, not a kernel argument) so that the
+    # single-GPU launch compiles to exactly the kernel without context parallelism; every rank
+    # shares one binary (cp_rank is not specialized).
+    cp_rank_arg = cp_rank if cp_world > 1 else None
+    cp = {"CP_WORLD": cp_world, "CP_INTERLEAVE": cp_interleave if cp_world > 1 else 1}
     kernels._fwd_verify_stage1[grid](
         q, k_buffer, k_desc, kpe_desc, sm_scale * _LOG2E, req_to_token, seq_lens, real, mid, o, lse,
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        k_scale, batch, num_kv_splits, *cp_args,
+        k_scale, batch, num_kv_splits, cp_rank_arg,
         QLEN=qlen,
         NUM_HEADS=num_heads,
         HAS_REAL=has_real,
@@ -314,7 +323,7 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         attn_logits, o, lse, seq_lens, real,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        num_kv_splits, *cp_args,
+        num_kv_splits, cp_rank_arg,
         QLEN=qlen,
         HAS_REAL=has_real,
         SPLIT_ALIGN=cfg["SPLIT_ALIGN"],

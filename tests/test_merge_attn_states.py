@@ -1,0 +1,287 @@
+"""merge_attn_states and rescale_attn_partial (mla_ops.merge) against the plain-PyTorch reference.
+
+Without a GPU the kernels run in Triton's interpreter (fp16/fp32: the interpreter computes bf16
+wrongly); ``@pytest.mark.gpu`` adds bf16, serving shapes and CUDA-graph capture. Inputs are
+random (never zeros), outputs are NaN before every call, the partials of a ``-inf`` LSE hold NaN
+(they must not be read), and accuracy follows flash-attention's rule (``fa_tolerance``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fa_tolerance import assert_fa_rule
+from mla_ops.merge.launch import merge_attn_states, rescale_attn_partial
+from mla_ops.reference import merge_attn_states_ref, rescale_attn_partial_ref
+
+NEG_INF = float("-inf")
+
+
+def make_parts(device, P, rows, heads, dim, dtype, *, dead=(), all_dead_rows=(), lse_scale=4.0,
+               parts_dtype=None):
+    """Random partials; ``dead``: (p, row, head) whose LSE is -inf; ``all_dead_rows``: rows whose
+    every partial is -inf. The o of every dead partial is NaN."""
+    o_parts = torch.randn(P, rows, heads, dim, device=device).to(parts_dtype or dtype)
+    lse_parts = torch.randn(P, rows, heads, device=device) * lse_scale + 3.0
+    for p, r, h in dead:
+        lse_parts[p, r, h] = NEG_INF
+    for r in all_dead_rows:
+        lse_parts[:, r] = NEG_INF
+    dead_mask = torch.isinf(lse_parts)
+    o_parts[dead_mask] = float("nan")
+    return o_parts, lse_parts
+
+
+def outputs(device, rows, heads, dim, dtype):
+    o = torch.full((rows, heads, dim), float("nan"), dtype=dtype, device=device)
+    lse = torch.full((rows, heads), float("nan"), dtype=torch.float32, device=device)
+    return o, lse
+
+
+def check_merge(o_parts, lse_parts, o, lse, dtype):
+    ref_o, ref_lse = merge_attn_states_ref(o_parts.double(), lse_parts.double(), torch.float64)
+    pt_o, pt_lse = merge_attn_states_ref(o_parts, lse_parts.to(dtype) if dtype != torch.float32
+                                         else lse_parts, dtype)
+    assert_fa_rule("o", o, ref_o, pt_o, dtype)
+    if lse is not None:
+        assert_fa_rule("lse", lse, ref_lse, pt_lse, dtype)
+        empty = torch.isinf(ref_lse)
+        assert torch.equal(torch.isinf(lse), empty) and (lse[empty] < 0).all()
+    empty = torch.isinf(ref_lse)
+    assert (o[empty] == 0).all(), "rows with no key must get o = 0"
+
+
+# --- interpreter (CI) and GPU ---------------------------------------------------------------
+
+MERGE_CASES = [
+    # id, P, rows, heads, dim, dtype, dead, all_dead_rows
+    ("P2-fp32", 2, 5, 4, 64, torch.float32, [], []),
+    ("P3-fp16-dead", 3, 6, 3, 40, torch.float16, [(0, 0, 0), (2, 1, 2), (1, 4, 1)], [2]),
+    ("P1-fp32", 1, 3, 2, 16, torch.float32, [(0, 1, 1)], []),
+    ("P5-fp32-D72", 5, 4, 2, 72, torch.float32, [(p, 0, 0) for p in range(4)], [3]),
+    ("P20-fp16-two-p-blocks", 20, 2, 2, 32, torch.float16, [(p, 1, 0) for p in range(16)], []),
+    ("P4-fp16-D512", 4, 2, 2, 512, torch.float16, [(3, 0, 1)], [1]),
+]
+
+
+@pytest.mark.parametrize("P,rows,heads,dim,dtype,dead,all_dead", [c[1:] for c in MERGE_CASES],
+                         ids=[c[0] for c in MERGE_CASES])
+def test_merge_matches_reference(device, P, rows, heads, dim, dtype, dead, all_dead):
+    o_parts, lse_parts = make_parts(device, P, rows, heads, dim, dtype, dead=dead,
+                                    all_dead_rows=all_dead)
+    o, lse = outputs(device, rows, heads, dim, dtype)
+    merge_attn_states(o_parts, lse_parts, o, lse)
+    check_merge(o_parts, lse_parts, o, lse, dtype)
+
+
+def test_merge_fp32_parts_into_fp16_and_no_lse(device):
+    """Partials in fp32 (a workspace) merged into an fp16 o, the lse output left out."""
+    o_parts, lse_parts = make_parts(device, 3, 4, 2, 32, torch.float16, parts_dtype=torch.float32,
+                                    dead=[(1, 2, 1)], all_dead_rows=[0])
+    o, _ = outputs(device, 4, 2, 32, torch.float16)
+    merge_attn_states(o_parts, lse_parts, o, None)
+    check_merge(o_parts, lse_parts, o, None, torch.float16)
+
+
+def test_merge_strided_inputs(device):
+    """Partials as a strided view (a [rows, P, H, D] buffer permuted) and a strided o."""
+    P, rows, heads, dim = 3, 4, 4, 32
+    big = torch.randn(rows, P, heads, dim + 8, device=device)
+    o_parts = big[..., :dim].permute(1, 0, 2, 3)
+    lse_parts = (torch.randn(rows, heads, P, device=device) * 3).permute(2, 0, 1)
+    lse_parts[1, 2, 3] = NEG_INF
+    o_wide = torch.full((rows, heads, dim + 16), float("nan"), device=device)
+    o = o_wide[..., 8 : 8 + dim]
+    lse = torch.full((heads, rows), float("nan"), device=device).t()
+    merge_attn_states(o_parts, lse_parts, o, lse)
+    check_merge(o_parts, lse_parts, o, lse, torch.float32)
+    assert torch.isnan(o_wide[..., :8]).all() and torch.isnan(o_wide[..., 8 + dim :]).all()
+
+
+def test_merge_extreme_lse(device):
+    """LSEs far apart (1e4) or all equal: weights computed relative to the max, never overflow."""
+    P, rows, heads, dim = 3, 3, 2, 16
+    o_parts = torch.randn(P, rows, heads, dim, device=device)
+    lse_parts = torch.tensor([[[1e4, -1e4], [0.0, 0.0], [88.0, -88.0]],
+                              [[-1e4, 1e4], [0.0, 0.0], [89.0, -89.0]],
+                              [[NEG_INF, 0.0], [0.0, 0.0], [90.0, NEG_INF]]], device=device)
+    o, lse = outputs(device, rows, heads, dim, torch.float32)
+    merge_attn_states(o_parts, lse_parts, o, lse)
+    check_merge(o_parts, lse_parts, o, lse, torch.float32)
+
+
+def test_merge_all_partials_empty(device):
+    """Every partial -inf (and NaN o): lse -inf, o exactly 0."""
+    o_parts = torch.full((3, 2, 2, 16), float("nan"), device=device)
+    lse_parts = torch.full((3, 2, 2), NEG_INF, device=device)
+    o, lse = outputs(device, 2, 2, 16, torch.float32)
+    merge_attn_states(o_parts, lse_parts, o, lse)
+    assert (o == 0).all() and torch.isneginf(lse).all()
+
+
+def test_merge_zero_rows_is_a_no_op(device):
+    o_parts, lse_parts = make_parts(device, 2, 0, 2, 16, torch.float32)
+    o, lse = outputs(device, 0, 2, 16, torch.float32)
+    merge_attn_states(o_parts, lse_parts, o, lse)
+
+
+@pytest.mark.parametrize("dtype,out_dtype,chunks", [
+    (torch.float32, torch.float32, 1), (torch.float16, torch.float16, 2),
+    (torch.float16, torch.float32, 4),
+], ids=["fp32", "fp16-chunked", "fp16-into-fp32-chunked"])
+def test_rescale_shares_sum_to_the_merge(device, dtype, out_dtype, chunks):
+    """Each partial's share against the reference; the shares summed in float64 give the
+    merge; the chunked output (a reduce-scatter's input) is laid out by head chunk."""
+    P, rows, heads, dim = 3, 5, 4, 48
+    o_parts, lse_parts = make_parts(device, P, rows, heads, dim, dtype,
+                                    dead=[(0, 0, 0), (2, 3, 1)], all_dead_rows=[4])
+    total = torch.zeros(rows, heads, dim, dtype=torch.float64, device=device)
+    for p in range(P):
+        send = torch.full((chunks, rows, heads // chunks, dim), float("nan"), dtype=out_dtype,
+                          device=device)
+        lse = torch.full((rows, heads), float("nan"), device=device)
+        rescale_attn_partial(o_parts[p], lse_parts, p, send.permute(1, 0, 2, 3), lse)
+        share = send.permute(1, 0, 2, 3).reshape(rows, heads, dim)
+        ref_share, ref_lse = rescale_attn_partial_ref(o_parts[p].double(), lse_parts.double(), p,
+                                                      torch.float64)
+        pt_share, _ = rescale_attn_partial_ref(o_parts[p], lse_parts, p, dtype)
+        assert_fa_rule(f"share {p}", share, ref_share, pt_share, out_dtype)
+        assert_fa_rule("lse", lse, ref_lse, ref_lse.float(), torch.float32)
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+        total += share.double()
+    ref_o, _ = merge_attn_states_ref(o_parts.double(), lse_parts.double(), torch.float64)
+    tol = 4 * (1e-3 if torch.float16 in (dtype, out_dtype) else 1e-6)
+    torch.testing.assert_close(total, ref_o, atol=tol, rtol=tol)
+
+
+def test_rescale_in_place(device):
+    """o_out may be o_part itself."""
+    o_parts, lse_parts = make_parts(device, 2, 3, 2, 32, torch.float32, dead=[(1, 0, 0)])
+    o = o_parts[1].clone()
+    rescale_attn_partial(o, lse_parts, 1, o, None)
+    ref, _ = rescale_attn_partial_ref(o_parts[1], lse_parts, 1)
+    torch.testing.assert_close(o, ref, atol=1e-6, rtol=1e-6)
+
+
+# --- bad input names the argument -----------------------------------------------------------
+
+
+def _merge_args(device):
+    o_parts, lse_parts = make_parts(device, 2, 3, 2, 16, torch.float16)
+    o, lse = outputs(device, 3, 2, 16, torch.float16)
+    return dict(o_parts=o_parts, lse_parts=lse_parts, o=o, lse=lse)
+
+
+MERGE_BAD = [
+    ("o_parts-3d", ValueError, "o_parts:", lambda a: a["o_parts"][0]),
+    ("o_parts-bf16-into-fp16", TypeError, "o_parts:", lambda a: a["o_parts"].bfloat16()),
+    ("o_parts-not-a-tensor", TypeError, "o_parts:", lambda a: [a["o_parts"]]),
+    ("o_parts-zero-parts", ValueError, "o_parts:", lambda a: a["o_parts"][:0]),
+    ("lse_parts-fp16", TypeError, "lse_parts:", lambda a: a["lse_parts"].half()),
+    ("lse_parts-wrong-P", ValueError, "lse_parts:", lambda a: a["lse_parts"][:1]),
+    ("o-wrong-heads", ValueError, "o:", lambda a: a["o"][:, :1]),
+    ("o-int", TypeError, "o:", lambda a: a["o"].int()),
+    ("o-inner-stride", ValueError, "o:", lambda a: a["o"].transpose(1, 2).contiguous().transpose(1, 2)),
+    ("lse-wrong-shape", ValueError, "lse:", lambda a: a["lse"][:2]),
+    ("lse-fp64", TypeError, "lse:", lambda a: a["lse"].double()),
+    ("lse-other-device", ValueError, "lse:", lambda a: a["lse"].to("meta")),
+]
+
+
+@pytest.mark.parametrize("exc,name,change", [b[1:] for b in MERGE_BAD], ids=[b[0] for b in MERGE_BAD])
+def test_merge_bad_input_names_the_argument(device, exc, name, change):
+    args = _merge_args(device)
+    arg = name.rstrip(":")
+    args[arg] = change(args)
+    before = args["o"].clone() if arg != "o" else None
+    with pytest.raises(exc, match=f"^{name}"):
+        merge_attn_states(**args)
+    if isinstance(args[arg], torch.Tensor):  # (the op's schema refuses other types itself)
+        with pytest.raises(exc, match=f"^{name}"):  # the op: its kernel runs the spec's check
+            torch.ops.mla.merge_attn_states(**args)
+    if before is not None:  # refused before any launch: o untouched (still NaN)
+        assert torch.isnan(args["o"]).all()
+
+
+RESCALE_BAD = [
+    ("part-out-of-range", ValueError, "part:", dict(part=2)),
+    ("part-float", TypeError, "part:", dict(part=1.0)),
+    ("o_out-chunks-not-dividing", ValueError, "o_out:",
+     dict(o_out=lambda d: torch.empty(3, 3, 1, 16, device=d))),
+    ("o_out-wrong-shape", ValueError, "o_out:", dict(o_out=lambda d: torch.empty(3, 2, 8, device=d))),
+    ("lse_parts-wrong-rows", ValueError, "lse_parts:",
+     dict(lse_parts=lambda d: torch.zeros(2, 4, 2, device=d))),
+    ("lse_out-fp16", TypeError, "lse_out:", dict(lse_out=lambda d: torch.empty(3, 2, device=d).half())),
+]
+
+
+@pytest.mark.parametrize("exc,name,change", [b[1:] for b in RESCALE_BAD], ids=[b[0] for b in RESCALE_BAD])
+def test_rescale_bad_input_names_the_argument(device, exc, name, change):
+    o_parts, lse_parts = make_parts(device, 2, 3, 2, 16, torch.float32)
+    args = dict(o_part=o_parts[0], lse_parts=lse_parts, part=0,
+                o_out=torch.empty(3, 2, 16, device=device), lse_out=None)
+    for k, v in change.items():
+        args[k] = v(device) if callable(v) else v
+    with pytest.raises(exc, match=f"^{name}"):
+        rescale_attn_partial(**args)
+    if all(isinstance(args[k], torch.Tensor) or k == "part" and isinstance(args[k], int)
+           for k in change):  # (the op's schema refuses other types itself)
+        with pytest.raises(exc, match=f"^{name}"):
+            torch.ops.mla.rescale_attn_partial(**args)
+
+
+# --- GPU ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("P,rows,heads", [(2, 128, 16), (8, 64, 128), (3, 1, 16)],
+                         ids=["P2-B64q2-H16", "P8-H128", "P3-one-row"])
+def test_gpu_merge_serving_shapes(device, dtype, P, rows, heads):
+    dim = 512
+    dead = [(p, r, h) for p in range(P) for r in range(0, rows, 7) for h in range(0, heads, 5)
+            if (p + r + h) % 3 == 0]
+    o_parts, lse_parts = make_parts(device, P, rows, heads, dim, dtype, dead=dead,
+                                    all_dead_rows=[rows // 2])
+    o, lse = outputs(device, rows, heads, dim, dtype)
+    merge_attn_states(o_parts, lse_parts, o, lse)
+    check_merge(o_parts, lse_parts, o, lse, dtype)
+    share = torch.full((rows, heads, dim), float("nan"), dtype=dtype, device=device)
+    rescale_attn_partial(o_parts[P - 1], lse_parts, P - 1, share, None)
+    ref, _ = rescale_attn_partial_ref(o_parts[P - 1].double(), lse_parts.double(), P - 1, torch.float64)
+    pt, _ = rescale_attn_partial_ref(o_parts[P - 1], lse_parts, P - 1, dtype)
+    assert_fa_rule("share", share, ref, pt, dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_merge_and_rescale_capture_and_replay(device):
+    """Both kernels captured in one CUDA graph replay right on new partials (no allocation or
+    synchronisation inside)."""
+    P, rows, heads, dim, dtype = 2, 32, 16, 512, torch.bfloat16
+    o_parts, lse_parts = make_parts(device, P, rows, heads, dim, dtype)
+    o, lse = outputs(device, rows, heads, dim, dtype)
+    send = torch.empty(2, rows, heads // 2, dim, dtype=dtype, device=device)
+    lse2 = torch.empty(rows, heads, device=device)
+
+    def step():
+        merge_attn_states(o_parts, lse_parts, o, lse)
+        rescale_attn_partial(o_parts[1], lse_parts, 1, send.permute(1, 0, 2, 3), lse2)
+
+    step()  # compiles outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for trial in range(3):
+        new_o, new_lse = make_parts(device, P, rows, heads, dim, dtype,
+                                    dead=[(trial % P, trial, trial)], all_dead_rows=[trial + 3])
+        o_parts.copy_(new_o)
+        lse_parts.copy_(new_lse)
+        for t in (o, lse, send, lse2):
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check_merge(o_parts, lse_parts, o, lse, dtype)
+        ref, _ = rescale_attn_partial_ref(o_parts[1].double(), lse_parts.double(), 1, torch.float64)
+        pt, _ = rescale_attn_partial_ref(o_parts[1], lse_parts, 1, dtype)
+        assert_fa_rule("share", send.permute(1, 0, 2, 3).reshape(rows, heads, dim), ref, pt, dtype)
