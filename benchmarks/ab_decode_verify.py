@@ -35,6 +35,7 @@ from benchmarks.shapes import (  # noqa: E402
     INTERPRET_CASE,
     SHAPES,
     flops,
+    grid_points,
     unique_bytes,
 )
 
@@ -45,6 +46,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", nargs="+", metavar="NAME",
                    help="named shapes (M1 ... M7, comma or space separated; default all)")
+    p.add_argument("--grid", action="store_true",
+                   help="the representative grid instead (H 16/128 x qlen 1/2/4 x (B, L) in "
+                        "(1, 8k), (32, 4k), (128, 4k), (16, 32k) x bf16/fp8)")
     p.add_argument("--variant", nargs="+", default=["{}"], help="JSON config overrides")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--replays", type=int, default=200)
@@ -81,7 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     dtype = "fp16" if args.interpret else "bf16"
-    cases = [INTERPRET_CASE] if args.interpret else [SHAPES[n].case for n in args.shape]
+    if args.interpret:
+        cases = [INTERPRET_CASE]
+    elif args.grid:
+        cases = grid_points(qlens=(1, 2, 4))
+    else:
+        cases = [SHAPES[n].case for n in args.shape]
     api = decode.load_api()
     env = results.env_info()
     cli.banner("decode_verify A/B", env)

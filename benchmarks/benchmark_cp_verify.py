@@ -276,7 +276,7 @@ def _fits(nbytes: int, dev) -> bool:
 
 
 def run_case(case: Case, a: argparse.Namespace, dev, kernel: str) -> dict:
-    from benchmarks.benchmark_decode_verify import compare
+    from benchmarks.decode import compare
     from mla_ops import platform
     from mla_ops.context_parallel import CPVerify
     from mla_ops.decode_verify.launch import (
@@ -398,7 +398,7 @@ def table_rows(rows: list[dict]) -> list[dict]:
 
 
 def run(a: argparse.Namespace) -> int:
-    from benchmarks._common import env_info, print_table, write_json
+    from benchmarks.results import env_info, print_table, write_json
 
     dev = _init(a)
     world, rank = dist.get_world_size(), dist.get_rank()

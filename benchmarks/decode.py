@@ -109,11 +109,18 @@ def load_api() -> Api:
                decode_verify_ref, platform.current().sm_count)
 
 
-def effective_config(api: Api, case: Case, overrides: dict | None) -> dict:
+def effective_config(api: Api, case: Case, overrides: dict | None, dtype: str = "bf16") -> dict:
     """The config the launcher runs for ``case`` with ``overrides``: the tuning module's
-    selection and checks (a refused or unknown config raises its ValueError)."""
-    return dict(api.select_verify_config(case.B, case.qlen, case.H, fp8=case.fp8,
-                                         config=dict(overrides) if overrides else None))
+    selection and checks (a refused or unknown config raises its ValueError), with the facts
+    only a launch has (whether the sm_90 Gluon family covers it) as the launcher computes them."""
+    from mla_ops.decode_verify.launch import launch_config
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    probe = torch.empty(0, 1, LK, device=device,
+                        dtype=torch.float8_e4m3fn if case.fp8 else DTYPES[dtype])
+    return dict(launch_config(case.B, case.qlen, case.H, probe, LV,
+                              dict(overrides) if overrides else None, q_dtype=DTYPES[dtype],
+                              page_size=case.page_size))
 
 
 def default_splits(api: Api, case: Case, cfg: dict) -> int:

@@ -13,6 +13,8 @@ set -u
 OUT=${OUT:-/tmp/mla_out}
 mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# Multi-GPU machines of this workplace: NVLink multicast stays off (NCCL, PyTorch, NVSHMEM).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
@@ -23,7 +25,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 test_() {
   python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 \
     || { echo "extension build failed:"; tail -20 "$OUT/build.log"; }
-  timeout "${SUITE_TIMEOUT:-330}" python3 -m pytest -q -n 8 tests 2>&1 | tee "$OUT/pytest.log" | tail -15
+  timeout "${SUITE_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-8}" \
+    tests 2>&1 | tee "$OUT/pytest.log" | tail -25
   timeout 90 python3 -m mla_ops 2>&1 | tee "$OUT/main.log"
 }
 bench() {

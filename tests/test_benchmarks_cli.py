@@ -265,8 +265,8 @@ def test_configs_and_splits_are_the_launchers(monkeypatch):
         assert decode.effective_config(api, m2, None) == select_verify_config(32, 2, 16)
         assert decode.effective_config(api, shapes.SHAPES["M4"].case, None) == \
             select_verify_config(16, 2, 16, fp8=True)
-        with pytest.raises(ValueError, match="unknown kernel family 'gluon'"):
-            decode.effective_config(api, m2, {"family": "gluon"})
+        with pytest.raises(ValueError, match="unknown kernel family 'cutlass'"):
+            decode.effective_config(api, m2, {"family": "cutlass"})
         with pytest.raises(ValueError, match="SWAP_AB with num_stages 1 is refused"):
             decode.effective_config(api, m2, {"SWAP_AB": 1, "num_stages": 1})
         # the split cap of plan_verify: the config's own BLOCK_H and MIN_SPLIT_LEN
@@ -295,7 +295,9 @@ def test_table_config_is_complete_ordered_and_names_only_another_family():
     got = decode.table_config({"family": "triton", "QSPLIT": 1, "BLOCK_H": 16, "kpack": 2})
     assert list(got) == [*VERIFY_DEFAULT_CONFIG, "kpack"]
     assert got == {**VERIFY_DEFAULT_CONFIG, "QSPLIT": 1, "BLOCK_H": 16, "kpack": 2}
-    assert decode.table_config({"family": "gluon", "X": 1}) == {"family": "gluon", "X": 1}
+    assert decode.table_config({"family": "cutlass", "X": 1}) == {"family": "cutlass", "X": 1}
+    got = decode.table_config({"family": "gluon", "QK_FIRST": 1})
+    assert list(got)[:2] == ["family", "BLOCK_H"] and got["QK_FIRST"] == 1
 
 
 # --- inputs, calls and checks --------------------------------------------------------------------
@@ -521,9 +523,11 @@ def test_benchmark_interpret_run_writes_json(tmp_path, capsys):
     assert "time_us" in capsys.readouterr().out
 
 
-def test_benchmark_unknown_family_fails_cleanly(capsys):
-    assert bench.main(["--interpret", "--family", "gluon"]) == 2
-    assert "unknown kernel family 'gluon'" in capsys.readouterr().err
+def test_benchmark_family_the_machine_cannot_run_fails_by_name():
+    """--family gluon where the sm_90 Gluon kernel cannot run (here: the interpreter) is the
+    launcher's clear refusal, never a silent fall back to another family's timing."""
+    with pytest.raises(ValueError, match="config: the gluon family cannot run this launch"):
+        bench.main(["--interpret", "--family", "gluon"])
 
 
 def test_ab_interpret_times_variants_and_reports_refused_ones(tmp_path, monkeypatch):
@@ -531,9 +535,9 @@ def test_ab_interpret_times_variants_and_reports_refused_ones(tmp_path, monkeypa
     out = tmp_path / "ab.json"
     assert ab_decode_verify.main(["--interpret", "--rounds", "2", "--variant", "{}",
                                   '{"BLOCK_N": 16, "splits": 3, "name": "n16"}',
-                                  '{"family": "gluon"}', "--json", str(out)]) == 0
+                                  '{"family": "cutlass"}', "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r.get("variant") for r in rows] == ['{"family": "gluon"}', "table", "n16"]
+    assert [r.get("variant") for r in rows] == ['{"family": "cutlass"}', "table", "n16"]
     assert "unknown kernel family" in rows[0]["error"]
     assert rows[1]["ratio"] == 1.0 and len(rows[2]["times_us"]) == 2
     assert rows[2]["num_kv_splits"] == 3 and rows[2]["config"]["BLOCK_N"] == 16
@@ -990,13 +994,13 @@ def test_decode_compile_job_in_the_pool():
         pytest.skip("exercised on the GPU by the scripts themselves")
     c = shapes.Case(16, 1, 1, 16, False, 16)
     good = decode.compile_spec(c, "fp16", 1, {"BLOCK_H": 16, "BLOCK_N": 16}, device="cpu")
-    bad = decode.compile_spec(c, "fp16", 1, {"family": "gluon"}, device="cpu")
+    bad = decode.compile_spec(c, "fp16", 1, {"family": "cutlass"}, device="cpu")
     specs = decode.specs_by_key([good, bad, dict(good)])
     assert len(specs) == 2
     out = compile_pool.precompile(decode.compile_job, specs, 2)
     assert out[decode.compile_key(good)][0] == "ok", out
     st, msg, _ = out[decode.compile_key(bad)]
-    assert st == "error" and "unknown kernel family 'gluon'" in msg
+    assert st == "error" and "unknown kernel family 'cutlass'" in msg
 
 
 def test_compile_key_ignores_batch_and_split_count_but_not_single_split():

@@ -101,8 +101,25 @@ def context_args(device="cpu", *, H=4, Hkv=2, D=32):
     return case.meta_args() if device == "meta" else case.op_args()
 
 
+def merge_args(device="cpu", *, P=2, rows=3, H=4, D=32):
+    """P partial states of ``rows`` x H heads x D, some rows seen by no partial (-inf)."""
+    make = (lambda *s: torch.empty(s, device="meta")) if device == "meta" else torch.randn
+    lse_parts = make(P, rows, H)
+    if device != "meta":
+        lse_parts[:, 0, 0] = float("-inf")
+    return dict(o_parts=make(P, rows, H, D), lse_parts=lse_parts, o=make(rows, H, D),
+                lse=make(rows, H))
+
+
+def rescale_args(device="cpu", *, P=2, rows=3, H=4, D=32):
+    a = merge_args(device, P=P, rows=rows, H=H, D=D)
+    return dict(o_part=a["o_parts"][1], lse_parts=a["lse_parts"], part=1, o_out=a["o"],
+                lse_out=a["lse"])
+
+
 VALID = {"decode_verify": decode_verify_args, "warmup_decode_verify": warmup_args,
-         "context_attention": context_args}
+         "context_attention": context_args, "merge_attn_states": merge_args,
+         "rescale_attn_partial": rescale_args}
 
 
 # --- bad input: each case edits valid meta arguments -----------------------------------------
@@ -195,6 +212,20 @@ BAD = [
     ("wu-workspace-dtype", "warmup_decode_verify",
      lambda a: {"attn_logits": _m(4, dtype=torch.float16)}),
     ("wu-device", "warmup_decode_verify", lambda a: {"lse": torch.zeros(4, 4)}),
+    # merge_attn_states / rescale_attn_partial
+    ("ma-o-dtype", "merge_attn_states", lambda a: {"o": _m(3, 4, 32, dtype=torch.int32)}),
+    ("ma-parts-dtype", "merge_attn_states",
+     lambda a: {"o_parts": _m(2, 3, 4, 32, dtype=torch.float16)}),
+    ("ma-no-parts", "merge_attn_states", lambda a: {"o_parts": _m(0, 3, 4, 32),
+                                                    "lse_parts": _m(0, 3, 4)}),
+    ("ma-o-shape", "merge_attn_states", lambda a: {"o": _m(3, 4, 16)}),
+    ("ma-lse-parts-shape", "merge_attn_states", lambda a: {"lse_parts": _m(2, 3, 2)}),
+    ("ma-lse-dtype", "merge_attn_states", lambda a: {"lse": _m(3, 4, dtype=torch.float16)}),
+    ("ma-inner-stride", "merge_attn_states", lambda a: {"o_parts": _m(2, 3, 4, 64)[..., ::2]}),
+    ("ra-part-range", "rescale_attn_partial", lambda a: {"part": 2}),
+    ("ra-chunks", "rescale_attn_partial", lambda a: {"o_out": _m(3, 3, 1, 32)}),
+    ("ra-out-shape", "rescale_attn_partial", lambda a: {"o_out": _m(3, 4, 16)}),
+    ("ra-lse-out-shape", "rescale_attn_partial", lambda a: {"lse_out": _m(3, 2)}),
     ("wu-table-strided", "warmup_decode_verify",
      lambda a: {"req_to_token": _m(2, 4, dtype=torch.int32)[:, ::2]}),
     *[(f"wu-sm-scale-{v}", "warmup_decode_verify", (lambda v: lambda a: {"sm_scale": v})(v))
@@ -250,7 +281,8 @@ ONLY_LIBRARY = textwrap.dedent(r"""
     torch.ops.load_library(sys.argv[1])
     mla = torch.ops.mla
     out = {"schemas": {}, "tags": {}}
-    for name in ("decode_verify", "warmup_decode_verify", "context_attention"):
+    for name in ("decode_verify", "warmup_decode_verify", "context_attention",
+                 "merge_attn_states", "rescale_attn_partial"):
         op = getattr(mla, name).default
         out["schemas"][name] = str(op._schema)
         out["tags"][name] = sorted(str(t) for t in op.tags)
@@ -339,7 +371,9 @@ class TestSchemas(expecttest.TestCase):
             """\
 mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
 mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
-mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()""",
+mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()
+mla::merge_attn_states(Tensor o_parts, Tensor lse_parts, Tensor(a!) o, Tensor(b!)? lse=None) -> ()
+mla::rescale_attn_partial(Tensor o_part, Tensor lse_parts, int part, Tensor(a!) o_out, Tensor(b!)? lse_out=None) -> ()""",
         )
 
     @needs_so
@@ -350,7 +384,9 @@ mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_star
             """\
 mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
 mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
-mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()""",
+mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()
+mla::merge_attn_states(Tensor o_parts, Tensor lse_parts, Tensor(a!) o, Tensor(b!)? lse=None) -> ()
+mla::rescale_attn_partial(Tensor o_part, Tensor lse_parts, int part, Tensor(a!) o_out, Tensor(b!)? lse_out=None) -> ()""",
         )
         for name in OPS:
             self.assertEqual(cpp["schemas"][name], f"mla::{name}{library.SCHEMAS[name]}")

@@ -171,15 +171,19 @@ def test_split_cap_defaults_are_the_selected_config_and_this_gpu(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_config_is_the_triton_family(arch):
-    """Only the portable family is registered for the verify kernel yet: every rule of every
-    table selects it, and a config naming another family is refused by name."""
-    assert set(configs.KERNEL.defaults) == {"triton"}
+def test_gluon_family_only_where_the_gluon_fact_holds(arch):
+    """A rule selects the sm_90 Gluon family only under ``"gluon": true`` (GPU, triton, dtypes,
+    head dims and page size it covers): every other launch keeps the portable kernel, and a
+    family nobody registered is refused by name."""
+    assert set(configs.KERNEL.defaults) == {"triton", "gluon"}
     with mock_platform(arch):
         for rule in tuning.table("decode_verify", arch)["rules"]:
-            assert rule["config"].get("family", "triton") == "triton"
-        with pytest.raises(ValueError, match="^config: unknown kernel family 'gluon'"):
-            select_verify_config(1, 2, 16, config={"family": "gluon"})
+            if rule["config"].get("family", "triton") == "gluon":
+                assert rule.get("match", {}).get("gluon") is True, rule
+        with pytest.raises(ValueError, match="^config: unknown kernel family 'cutlass'"):
+            select_verify_config(1, 2, 16, config={"family": "cutlass"})
+        for batch in (1, 32, 128):
+            assert select_verify_config(batch, 2, 16, gluon=False)["family"] == "triton"
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -196,7 +200,8 @@ def test_sm_90_selection_is_the_committed_json_file():
     raw = json.loads(path.read_text())
     assert raw["kernel"] == "decode_verify" and raw["arch"] == "sm_90"
     assert tuning.table("decode_verify", "sm_90")["rules"] == raw["rules"]
-    first = raw["rules"][0]  # H in [1..32], qlen 1: M1-like launches at qlen 1
+    # the first portable rule: H in [1..32], qlen 1 (the Gluon rules before it need "gluon")
+    first = next(r for r in raw["rules"] if r["config"].get("family", "triton") == "triton")
     assert first["match"]["qlen"] == [1] and 16 in first["match"]["num_heads"]
     with mock_platform("sm_90"):
         got = select_verify_config(1, 1, 16)

@@ -34,8 +34,22 @@ TOL_K = 3.0
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may have on sm_90 (227 KB)
 FP8 = torch.float8_e4m3fn
 
-# The configs proposed for the sm_90 table (one: the kernel has one tile shape).
-PROPOSED_CONFIGS = {"default": dict(gla.GLUON_DEFAULT_CONFIG)}
+# The Gluon configs of the sm_90 table (each rule's stage-1 keys over the family's defaults);
+# the schedules (alt, alt with QK_FIRST, redundant for fp8) are all compiled for each.
+def _table_configs() -> dict:
+    from mla_ops import tuning
+
+    out = {}
+    for i, rule in enumerate(tuning.table("decode_verify", "sm_90")["rules"]):
+        if rule["config"].get("family") == "gluon":
+            cfg = {**gla.GLUON_DEFAULT_CONFIG,
+                   **{k: v for k, v in rule["config"].items() if k in gla.GLUON_DEFAULT_CONFIG}}
+            key = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("SCHEDULE", "QK_FIRST")))
+            out.setdefault(key, (f"rule{i}", cfg))
+    return dict(out.values())
+
+
+PROPOSED_CONFIGS = _table_configs()
 
 _GLUON_WHY = gla.gluon_available()
 

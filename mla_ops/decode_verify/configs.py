@@ -28,7 +28,8 @@ Config keys of the ``triton`` family (the portable kernels in ``kernels.py``):
 - ``PERSISTENT``: 0, or stage-1 programs per SM looping over the work.
 - HIP only: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack`` (launch kwargs).
 
-The ``gluon`` family's keys are documented with its kernels (``gluon_launch.py``).
+The ``gluon`` family's keys are documented with its kernels (``gluon_launch.py``); its
+stage 2 is the portable one, with the ``S2_*`` / ``s2_num_warps`` / ``PDL`` keys above.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import pathlib
 from typing import Any
 
 from .. import tuning
+from .gluon_launch import GLUON_DEFAULT_CONFIG
 
 __all__ = ["VERIFY_DEFAULT_CONFIG", "HIP_LAUNCH_KEYS", "KERNEL", "verify_facts",
            "select_verify_config"]
@@ -79,9 +81,16 @@ def _check_config(cfg: dict[str, Any], where: str) -> None:
                          f"CUDA with this triton ({w.why}); use num_stages >= 2")
 
 
+# The sm_90 Gluon stage 1 (gluon_launch.py documents its keys), with the portable stage 2's
+# keys for the split merge it shares.
+GLUON_FAMILY_CONFIG: dict[str, Any] = {
+    **GLUON_DEFAULT_CONFIG,
+    "S2_BLOCK_S": 8, "s2_num_warps": 4, "S2_BLOCK_DV": 0, "PDL": 0,
+}
+
 KERNEL = tuning.register(tuning.Kernel(
     name="decode_verify",
-    defaults={"triton": VERIFY_DEFAULT_CONFIG},
+    defaults={"triton": VERIFY_DEFAULT_CONFIG, "gluon": GLUON_FAMILY_CONFIG},
     facts=("rows", "num_heads", "qlen", "cache", "gluon"),
     builtin={"default": {"arch": "default", "source": "generic", "rules": [{"config": {}}]},
              "gfx942": _GFX942},

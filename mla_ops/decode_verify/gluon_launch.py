@@ -28,6 +28,7 @@ __all__ = [
     "GLUON_TRITON_VERSIONS",
     "GLUON_DEFAULT_CONFIG",
     "gluon_available",
+    "gluon_unsupported_shape",
     "gluon_unsupported_reason",
     "gluon_recommended_config",
     "gluon_row_blocks",
@@ -119,16 +120,17 @@ def gluon_row_blocks(qlen: int, num_heads: int) -> int:
     return triton.cdiv(qlen, 64 // num_heads)
 
 
-def gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg) -> str | None:
-    """None when the Gluon stage 1 can run these tensors with ``cfg`` (merged over
-    :data:`GLUON_DEFAULT_CONFIG`), else a short reason (the portable kernel runs them).
+def gluon_unsupported_shape(device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype,
+                            num_heads: int, Lk: int, Lv: int, page_size: int,
+                            cfg: dict[str, Any] | None = None) -> str | None:
+    """None when the Gluon stage 1 can run launches of these facts (no tensors needed: the
+    tables route on this), else a short reason (the portable kernel runs them).
 
     Supported: triton 3.6.x, a CUDA GPU of compute capability 9.0 (wgmma, TMA, setmaxnreg),
     bf16 q, a bf16 or fp8 e4m3 (``torch.float8_e4m3fn``) cache, ``Lk = 576`` and ``Lv = 512``,
-    H a power of two that divides 64 or a multiple of 64, ``page_size`` a multiple of 64,
-    16-byte aligned base pointers and strides of q and of the cache (TMA), unit last-dim
-    strides. Everything else (fp16 / fp32 q, other head dims, pages of 16 or 32 tokens, ...)
-    gets a reason.
+    H a power of two that divides 64 or a multiple of 64, ``page_size`` a multiple of 64.
+    Everything else (fp16 / fp32 q, other head dims, pages of 16 or 32 tokens, ...) gets a
+    reason.
     """
     why = gluon_available()
     if why:
@@ -142,27 +144,37 @@ def gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg) -> str | None:
         return "NUM_STAGES must be >= 2"
     if c["SCHEDULE"] not in ("alt", "redundant"):
         return f"SCHEDULE {c['SCHEDULE']!r}: 'alt' or 'redundant'"
-    if c["SCHEDULE"] == "alt" and c["NUM_STAGES"] != 2 and k_buffer.dtype == torch.bfloat16:
+    if c["SCHEDULE"] == "alt" and c["NUM_STAGES"] != 2 and kv_dtype == torch.bfloat16:
         return "SCHEDULE 'alt' is written for NUM_STAGES 2"
-    if not (q.is_cuda and k_buffer.is_cuda):
+    if device.type != "cuda":
         return "not a CUDA tensor"
     if torch.version.hip is not None:
         return "HIP: the Gluon kernel is NVIDIA sm_90 only"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return f"compute capability {torch.cuda.get_device_capability(q.device)}: sm_90 only (wgmma)"
-    if q.dtype != torch.bfloat16:
-        return f"q dtype {q.dtype}: bf16 only"
-    if k_buffer.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
-        return f"cache dtype {k_buffer.dtype}: bf16 or float8_e4m3fn only"
-    if q.dim() != 3 or q.shape[-1] != _LK or Lv != _LV:
-        return f"head dims Lk {q.shape[-1]}, Lv {Lv}: only {_LK} / {_LV}"
-    if k_buffer.shape[-1] != _LK or k_buffer.dim() not in (3, 4) or k_buffer.shape[-2] != 1:
-        return "cache is not [pages, page_size, 1, 576] / [pages * page_size, 1, 576]"
-    h = q.shape[1]
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return f"compute capability {torch.cuda.get_device_capability(device)}: sm_90 only (wgmma)"
+    if q_dtype != torch.bfloat16:
+        return f"q dtype {q_dtype}: bf16 only"
+    if kv_dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        return f"cache dtype {kv_dtype}: bf16 or float8_e4m3fn only"
+    if Lk != _LK or Lv != _LV:
+        return f"head dims Lk {Lk}, Lv {Lv}: only {_LK} / {_LV}"
+    h = num_heads
     if not (h >= 1 and (64 % h == 0 if h < 64 else h % 64 == 0)):
         return f"H {h}: a power of two dividing 64, or a multiple of 64"
     if page_size % c["BLOCK_N"]:
         return f"page_size {page_size}: a multiple of {c['BLOCK_N']} only (a KV block is one TMA box in one page)"
+    return None
+
+
+def gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg) -> str | None:
+    """:func:`gluon_unsupported_shape` for these tensors, plus what only the tensors show: the
+    16-byte aligned base pointers and strides that TMA needs, unit last-dim strides."""
+    if k_buffer.shape[-1] != q.shape[-1] or k_buffer.dim() not in (3, 4) or k_buffer.shape[-2] != 1:
+        return "cache is not [pages, page_size, 1, Lk] / [pages * page_size, 1, Lk]"
+    why = gluon_unsupported_shape(q.device, q.dtype, k_buffer.dtype, q.shape[1], q.shape[-1], Lv,
+                                  page_size, cfg)
+    if why:
+        return why
     if q.stride(-1) != 1 or k_buffer.stride(-1) != 1:
         return "last dim not contiguous"
     _, s_page, s_tok = _cache_geometry(k_buffer, page_size)

@@ -25,7 +25,12 @@ except ImportError:
 from .. import checked, platform, spec
 from ..reference import FP8_DTYPES
 from . import kernels
-from .configs import HIP_LAUNCH_KEYS, select_verify_config, verify_facts
+from .configs import HIP_LAUNCH_KEYS, select_verify_config
+from .gluon_launch import (
+    gluon_unsupported_reason,
+    gluon_unsupported_shape,
+    launch_verify_stage1_gluon,
+)
 
 __all__ = [
     "decode_attention_fwd_verify",
@@ -172,12 +177,21 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
 
 
 def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor, Lv: int,
-                  config: dict[str, Any] | None = None) -> dict[str, Any]:
+                  config: dict[str, Any] | None = None, *, q_dtype: torch.dtype | None = None,
+                  page_size: int | None = None, cp_world: int = 1) -> dict[str, Any]:
     """The config a launch of these facts runs: the table's, ``config`` laid over it, and the
-    facts of the launch that the table cannot see (a 16-wide Lv cannot be halved by QSPLIT)."""
+    facts of the launch that the table cannot see (a 16-wide Lv cannot be halved by QSPLIT).
+
+    The table routes on whether the sm_90 Gluon family covers the launch (``gluon`` fact: GPU,
+    triton, dtypes, head dims, page size, no context parallelism); that needs ``q_dtype`` and
+    ``page_size`` (without them the fact is False).
+    """
     fp8 = k_buffer.dtype in FP8_DTYPES
-    cfg = select_verify_config(batch, qlen, num_heads, fp8=fp8, config=config)
-    if Lv < 32 and cfg.get("QSPLIT"):
+    gluon = (q_dtype is not None and page_size is not None and cp_world == 1
+             and gluon_unsupported_shape(k_buffer.device, q_dtype, k_buffer.dtype, num_heads,
+                                         k_buffer.shape[-1], Lv, page_size) is None)
+    cfg = select_verify_config(batch, qlen, num_heads, fp8=fp8, gluon=gluon, config=config)
+    if cfg["family"] == "triton" and Lv < 32 and cfg.get("QSPLIT"):
         cfg["QSPLIT"] = 0  # the halves would be narrower than a dot's K of 16
     return cfg
 
@@ -243,7 +257,16 @@ def decode_attention_fwd_verify(
     batch, num_heads, Lk, Lv = _CHECK["decode_verify"](*args)
     if checked.enabled():
         checked.validate_decode_verify(*args)
-    cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config)
+    cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config, q_dtype=q.dtype,
+                        page_size=page_size, cp_world=cp_world)
+    if cfg["family"] == "gluon":
+        why = gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg) if cp_world == 1 else \
+            "context parallelism runs on the portable kernel"
+        if why and config and config.get("family") == "gluon":
+            raise ValueError(f"config: the gluon family cannot run this launch: {why}")
+        if why:  # what only the tensors show (pointer alignment): the portable kernel
+            cfg = select_verify_config(batch, qlen, num_heads, fp8=k_buffer.dtype in FP8_DTYPES,
+                                       config={**(config or {}), "family": "triton"})
     if batch == 0 or num_heads == 0:
         return
     with device_guard(q.device):
@@ -268,6 +291,14 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         k_scale = _unit_scale(q.device)
     has_real = real_seq_lens is not None
     real = real_seq_lens if has_real else seq_lens
+    if cfg["family"] == "gluon":
+        launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
+                                   o, lse, attn_logits, qlen, num_kv_splits, sm_scale, page_size,
+                                   Lv, cfg)
+        if not single:
+            _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides,
+                           qlen, num_heads, num_kv_splits, Lv, None, False)
+        return
     stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
     launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if plat.is_hip:
@@ -316,10 +347,18 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     )
     if single:
         return
+    _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
+                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, **cp)
+
+
+def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
+                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, CP_WORLD=1,
+                   CP_INTERLEAVE=1):
+    """The split merge (portable Triton), with the chunking of the config stage 1 ran."""
     block_dv = triton.next_power_of_2(Lv)
     if cfg["S2_BLOCK_DV"]:
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
-    kernels._fwd_verify_stage2[(q.shape[0], num_heads, triton.cdiv(Lv, block_dv))](
+    kernels._fwd_verify_stage2[(o.shape[0], num_heads, triton.cdiv(Lv, block_dv))](
         attn_logits, o, lse, seq_lens, real,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
@@ -332,7 +371,8 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         BLOCK_DV=block_dv,
         Lv=Lv,
         USE_PDL=use_pdl,
-        **cp,
+        CP_WORLD=CP_WORLD,
+        CP_INTERLEAVE=CP_INTERLEAVE,
         num_warps=cfg["s2_num_warps"],
         num_stages=1,
         **({"launch_pdl": True} if use_pdl else {}),
@@ -407,7 +447,8 @@ def warmup_decode_attention_fwd_verify(
         for qlen in qlens:
             seen = set()
             for batch in batches or reachable_batches(qlen, num_heads):
-                cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config)
+                cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config, q_dtype=q.dtype,
+                                    page_size=page_size, cp_world=cp_world)
                 key = tuple(sorted(cfg.items()))
                 if key in seen:
                     continue

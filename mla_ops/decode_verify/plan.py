@@ -66,7 +66,9 @@ class VerifyPlan:
     cp_rank: int = 0
     cp_interleave: int = 1
     _workspace: list = dataclasses.field(default_factory=lambda: [None], repr=False)
-    _batches_ok: set = dataclasses.field(default_factory=set, repr=False)  # run's bucket checks
+    # The batches of this bucket: up to ``batch``, selecting this config (computed once, so
+    # that run() traces under torch.compile without walking the tuning tables).
+    batches: frozenset = dataclasses.field(default=frozenset(), repr=False)
 
     @property
     def workspace_shape(self) -> tuple[int, ...] | None:
@@ -148,16 +150,11 @@ class VerifyPlan:
         if batch > self.batch:
             raise ValueError(f"q: a batch of {batch} requests exceeds the plan's {self.batch}; "
                              f"plan the larger bucket")
-        if batch in self._batches_ok:
-            return
-        if batch and dict(self.config) != launch_config(
-                batch, self.qlen, self.num_heads, kv_cache, self.v_head_dim):
+        if batch and batch not in self.batches:
             raise ValueError(
                 f"q: a batch of {batch} requests selects another launch config than the plan's "
                 f"bucket (planned for a batch of {self.batch}); plan one bucket per captured "
                 f"batch size")
-        if not torch.compiler.is_compiling():  # a traced call checks at trace time only
-            self._batches_ok.add(batch)
 
 
 def plan_verify(batch: int, qlen: int, num_heads: int, max_seq_len: int, *,
@@ -178,15 +175,20 @@ def plan_verify(batch: int, qlen: int, num_heads: int, max_seq_len: int, *,
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     kv_dtype = dtype if kv_dtype is None else kv_dtype
-    probe = torch.empty(0, dtype=kv_dtype)  # launch_config reads the cache's dtype only
-    cfg = launch_config(batch, qlen, num_heads, probe, v_head_dim)
+    # launch_config reads the cache's dtype, device and head dim only.
+    probe = torch.empty(0, 1, head_dim, dtype=kv_dtype, device=device)
+    cfg = launch_config(batch, qlen, num_heads, probe, v_head_dim, q_dtype=dtype,
+                        page_size=page_size, cp_world=cp_world)
     sm_count = platform.current().sm_count if sm_count is None else sm_count
     local_max = int(local_length(torch.tensor(max_seq_len), cp_world, cp_rank, cp_interleave))
     if num_kv_splits is None:
         num_kv_splits = verify_num_kv_splits(max(1, local_max), batch, qlen, num_heads, sm_count,
                                              block_h=cfg["BLOCK_H"],
                                              min_work_per_split=cfg["MIN_SPLIT_LEN"])
+    same = frozenset(b for b in range(1, batch + 1) if b == batch or launch_config(
+        b, qlen, num_heads, probe, v_head_dim, q_dtype=dtype, page_size=page_size,
+        cp_world=cp_world) == cfg)
     return VerifyPlan(batch, qlen, num_heads, max_seq_len, dtype, kv_dtype, device, page_size,
                       head_dim, v_head_dim, types.MappingProxyType(dict(cfg)), num_kv_splits,
-                      sm_count, cp_world, cp_rank, cp_interleave)
+                      sm_count, cp_world, cp_rank, cp_interleave, batches=same)
 
