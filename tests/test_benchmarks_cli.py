@@ -55,6 +55,11 @@ ANCHORS = {
 }
 bench = benchmark_decode_verify
 
+# The interpreter runs and the CPU-side config expectations (no Gluon family on a CPU) hold on
+# a machine without a GPU; the GPU runs the scripts themselves.
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(),
+                              reason="CPU semantics (interpreter, no sm_90 Gluon family)")
+
 
 # --- shapes and formulas ------------------------------------------------------------------------
 
@@ -255,6 +260,7 @@ def test_launch_knobs_become_config_overrides():
 # --- configs and split counts through the tuning module ------------------------------------------
 
 
+@CPU_ONLY
 def test_configs_and_splits_are_the_launchers(monkeypatch):
     api = decode.load_api()
     api.sm_count = 132
@@ -392,6 +398,7 @@ def _fake_api(bad_block_h=None, raise_stages=None):
 CEILINGS = dict(shapes.ANCHOR_CEILINGS)
 
 
+@CPU_ONLY
 def test_run_case_on_cpu_checks_times_and_fills_every_field():
     args = bench.parse_args(["--interpret", "--check"])
     row = decode.run_case(_fake_api(), shapes.INTERPRET_CASE, args, "cpu", CEILINGS, None)
@@ -426,6 +433,7 @@ def test_timing_method(monkeypatch, argv, prequeue):
     assert row["prequeued"] is prequeue and row["rotate"] == 3
 
 
+@CPU_ONLY
 def test_the_feed_keeps_its_own_config_but_the_family():
     args = bench.parse_args(["--interpret", "--block-n", "16", "--splits", "5"])
     row = decode.run_case(_fake_api(), shapes.INTERPRET_CASE, args, "cpu", CEILINGS, None)
@@ -511,6 +519,7 @@ def test_flashmla_column_is_checked_and_timed(monkeypatch, wrong):
 # --- the scripts, in this process ----------------------------------------------------------------
 
 
+@CPU_ONLY
 def test_benchmark_interpret_run_writes_json(tmp_path, capsys):
     out = tmp_path / "d.json"
     assert bench.main(["--interpret", "--check", "--no-baseline", "--min-split-len", "16",
@@ -574,6 +583,7 @@ def test_prefill_direct_launch_is_the_api_launch(device):
     assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_D"], cfg["BLOCK_D_TAIL"]) == (32, 16, 64, 16)
 
 
+@CPU_ONLY
 def test_prefill_interpret_run_and_sweep(tmp_path):
     out, table, log = tmp_path / "p.json", tmp_path / "t.json", tmp_path / "log.json"
     main = benchmark_vit_prefill_attn.main
@@ -648,6 +658,7 @@ def test_without_gpu_or_interpret_a_script_says_so(capsys, monkeypatch):
     assert asked == [(False, m.__module__.split(".")[-1] + ".py") for m in mains]
 
 
+@CPU_ONLY
 def test_a_script_runs_as_a_command_from_anywhere(tmp_path):
     """Run from another directory, without PYTHONPATH or TRITON_INTERPRET: the script finds the
     package and, for --interpret, sets TRITON_INTERPRET itself before triton is imported."""

@@ -25,7 +25,8 @@ import torch
 import triton
 
 from mla_ops.decode_verify import gluon_launch as gla
-from mla_ops.decode_verify import kernels
+from mla_ops.decode_verify import kernels  # noqa: F401
+from mla_ops.decode_verify import launch
 from mla_ops.reference import decode_verify_ref
 
 SM_SCALE = 0.1352
@@ -252,12 +253,10 @@ def gluon_verify(c, num_kv_splits, cfg=None, outs=None):
     real = c["real"] if has_real else c["seq_lens"]
     gla.launch_verify_stage1_gluon(q, c["k"], k_scale, c["table"], c["seq_lens"], real, has_real, o,
                                    lse, mid, c["qlen"], num_kv_splits, SM_SCALE, c["page_size"], LV, cfg)
-    if num_kv_splits > 1:
-        kernels._fwd_verify_stage2[(rows, heads, 1)](
-            mid, o, lse, c["seq_lens"], real, *mid.stride()[:3], o.stride(0), o.stride(1),
-            lse.stride(0), lse.stride(1), num_kv_splits, QLEN=c["qlen"], HAS_REAL=has_real,
-            SPLIT_ALIGN=cfg["SPLIT_ALIGN"], MIN_SPLIT_LEN=cfg["MIN_SPLIT_LEN"], BLOCK_S=8,
-            BLOCK_DV=LV, Lv=LV, USE_PDL=False, num_warps=4, num_stages=1)
+    if num_kv_splits > 1:  # the portable stage 2, as the launcher runs it after Gluon
+        stage2 = {**cfg, "S2_BLOCK_S": 8, "S2_BLOCK_DV": 0, "s2_num_warps": 4}
+        launch._launch_stage2(stage2, mid, o, lse, c["seq_lens"], real, has_real,
+                              mid.stride()[:3], c["qlen"], heads, num_kv_splits, LV, None, False)
     return o, lse
 
 

@@ -496,7 +496,15 @@ def _spawn(fn, world: int, tmp_path, *args) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def gloo_results(tmp_path_factory):
-    return _spawn(_gloo_worker, GLOO_PROCESSES, tmp_path_factory.mktemp("gloo"), GLOO_CASES)
+    # The gloo ranks run CPU tensors: their Triton cases run in the interpreter, also on a
+    # machine with a GPU (the children import triton after this is set).
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return _spawn(_gloo_worker, GLOO_PROCESSES, tmp_path_factory.mktemp("gloo"), GLOO_CASES)
+    finally:
+        os.environ.pop("TRITON_INTERPRET") if saved is None else os.environ.update(
+            TRITON_INTERPRET=saved)
 
 
 @pytest.mark.parametrize("case", GLOO_CASES, ids=[c.id for c in GLOO_CASES])
@@ -575,7 +583,7 @@ def test_gpu_kernel_cp_path_matches_reference(device, world, rank, interleave, q
 def test_gpu_cp_warmup_then_capture_compiles_nothing(device):
     """The warmup with the context-parallel arguments compiles what a sharded capture needs,
     for every rank (cp_rank is not compiled in), with one split and several."""
-    from test_decode_verify import _compilations
+    from test_decode_verify import _CompileCounter
 
     world, interleave, heads, qlen, page, splits = 2, 64, 16, 2, 64, 4
     case = Case("w", world, heads, qlen, (3000, 700, 5, 4000), (3000, 0, 5, 3500), page,
@@ -588,9 +596,9 @@ def test_gpu_cp_warmup_then_capture_compiles_nothing(device):
     ws = torch.empty(rows, heads, splits, 513, device=device)
     warmup_decode_attention_fwd_verify(glob.q, cache, o, lse, table, True, [qlen], ws, SM_SCALE,
                                        page, None, world, 1, interleave)
-    count, cache_size, restore = _compilations()
-    try:
-        before = cache_size()
+    counter = _CompileCounter()
+    with counter:
+        before = counter.cached()
         graphs = {}
         for rank in (0, 1):
             for n in (1, splits):
@@ -600,9 +608,7 @@ def test_gpu_cp_warmup_then_capture_compiles_nothing(device):
                                                 glob.lens, glob.real, qlen, ws if n > 1 else None,
                                                 n, SM_SCALE, page, None, world, rank, interleave)
                 graphs[rank, n] = g
-        assert count["hook"] == 0 and cache_size() == before, "a capture compiled a kernel"
-    finally:
-        restore()
+        assert counter.hooked == 0 and counter.cached() == before, "a capture compiled a kernel"
     o.fill_(float("nan"))
     lse.fill_(float("nan"))
     graphs[1, splits].replay()

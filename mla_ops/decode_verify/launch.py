@@ -25,7 +25,7 @@ except ImportError:
 from .. import checked, platform, spec
 from ..reference import FP8_DTYPES
 from . import kernels
-from .configs import HIP_LAUNCH_KEYS, select_verify_config
+from .configs import GLUON_FAMILY_CONFIG, HIP_LAUNCH_KEYS, select_verify_config
 from .gluon_launch import (
     gluon_unsupported_reason,
     gluon_unsupported_shape,
@@ -190,6 +190,8 @@ def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor,
     gluon = (q_dtype is not None and page_size is not None and cp_world == 1
              and gluon_unsupported_shape(k_buffer.device, q_dtype, k_buffer.dtype, num_heads,
                                          k_buffer.shape[-1], Lv, page_size) is None)
+    if gluon and config and "family" not in config and not set(config) <= set(GLUON_FAMILY_CONFIG):
+        gluon = False  # overrides of the portable family's keys: the portable family's rule
     cfg = select_verify_config(batch, qlen, num_heads, fp8=fp8, gluon=gluon, config=config)
     if cfg["family"] == "triton" and Lv < 32 and cfg.get("QSPLIT"):
         cfg["QSPLIT"] = 0  # the halves would be narrower than a dot's K of 16
