@@ -6,7 +6,7 @@ runs; ratios inside one run are what NOTES.md compares.
 
 A variant is a JSON object of config overrides (``configs.VERIFY_DEFAULT_CONFIG`` keys, or
 ``"family"``) with an optional ``"splits"`` (``num_kv_splits``; default
-``verify_num_kv_splits`` for its BLOCK_H and MIN_SPLIT_LEN) and ``"name"``; ``{}`` is the table
+``verify_num_kv_splits`` for its BLOCK_H and SPLIT_WORK) and ``"name"``; ``{}`` is the table
 as selected. A variant the tuning module refuses (e.g. SWAP_AB with one stage on CUDA) is
 reported and skipped.
 

@@ -52,6 +52,7 @@ KNOBS = {
     "--tma": ("TMA", "K tiles by bulk tensor copies (0/1)"),
     "--persistent": ("PERSISTENT", "stage-1 programs per SM (0: one per work item)"),
     "--pdl": ("PDL", "stage 2 by programmatic dependent launch (0/1)"),
+    "--split-work": ("SPLIT_WORK", "keys per split the default split cap aims for"),
 }
 
 
@@ -62,7 +63,7 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
                    help="kernel family: the table's choice (default), or one named (passed as "
                    "config={'family': ...}; a family this mla_ops does not have is an error)")
     g.add_argument("--splits", type=int, help="num_kv_splits (default: verify_num_kv_splits "
-                   "with the BLOCK_H and MIN_SPLIT_LEN of the config in use)")
+                   "with the BLOCK_H and SPLIT_WORK of the config in use)")
     for flag, (_key, text) in KNOBS.items():
         g.add_argument(flag, type=int, help=text)
 
@@ -125,10 +126,10 @@ def effective_config(api: Api, case: Case, overrides: dict | None, dtype: str = 
 
 def default_splits(api: Api, case: Case, cfg: dict) -> int:
     """The split cap serving passes for ``cfg``: ``verify_num_kv_splits`` with its BLOCK_H and
-    MIN_SPLIT_LEN (what ``plan_verify`` computes for the table's config)."""
+    SPLIT_WORK (what ``plan_verify`` computes for the table's config)."""
     return api.verify_num_kv_splits(case.L, case.B, case.qlen, case.H, api.sm_count,
                                     block_h=cfg.get("BLOCK_H"),
-                                    min_work_per_split=cfg.get("MIN_SPLIT_LEN"))
+                                    min_work_per_split=cfg.get("SPLIT_WORK"))
 
 
 def table_config(cfg: dict) -> dict:

@@ -277,9 +277,9 @@ def test_configs_and_splits_are_the_launchers(monkeypatch):
             decode.effective_config(api, m2, {"SWAP_AB": 1, "num_stages": 1})
         # the split cap of plan_verify: the config's own BLOCK_H and MIN_SPLIT_LEN
         cfg = decode.effective_config(api, m1, None)
-        assert decode.default_splits(api, m1, cfg) == verify_num_kv_splits(8192, 1, 2, 16) == 64
-        cfg = decode.effective_config(api, m1, {"MIN_SPLIT_LEN": 64})
-        assert decode.default_splits(api, m1, cfg) == 66
+        assert decode.default_splits(api, m1, cfg) == verify_num_kv_splits(8192, 1, 2, 16) == 66
+        cfg = decode.effective_config(api, m1, {"SPLIT_WORK": 128})  # the heuristic's target
+        assert decode.default_splits(api, m1, cfg) == 64
         cfg = decode.effective_config(api, m2, {"BLOCK_H": 16})
         assert decode.default_splits(api, m2, cfg) == 2 != decode.default_splits(
             api, m2, decode.effective_config(api, m2, None))

@@ -117,26 +117,26 @@ B5-q2-H16: triton BH=32 BN=32 nw=4 ns=2 qs=0 align=64 min=256 s2=8/4/0 swap=0 tm
 
     def test_split_caps_sm_90(self):
         self.assertExpectedInline(_splits("sm_90"), """\
-L8192-B1-q2-H16 sms=132 BH=16 min=128: 64
+L8192-B1-q2-H16 sms=132 BH=16 min=128: 66
 L4096-B32-q2-H16 sms=132 BH=32 min=512: 4
 L4096-B128-q4-H16 sms=132 BH=64 min=512: 1
 L32768-B16-q2-H16 sms=132 BH=32 min=512: 8
 L4096-B128-q1-H128 sms=132 BH=64 min=512: 1
 L4096-B32-q4-H128 sms=132 BH=64 min=512: 1
 L32768-B16-q2-H128 sms=132 BH=64 min=512: 2
-L100-B1-q1-H16 sms=132 BH=16 min=128: 1
+L100-B1-q1-H16 sms=132 BH=16 min=128: 2
 L1-B4-q2-H16 sms=132 BH=16 min=128: 1""")
 
     def test_split_caps_gfx942(self):
         self.assertExpectedInline(_splits("gfx942"), """\
-L8192-B1-q2-H16 sms=304 BH=32 min=128: 64
+L8192-B1-q2-H16 sms=304 BH=32 min=128: 128
 L4096-B32-q2-H16 sms=304 BH=64 min=256: 9
 L4096-B128-q4-H16 sms=304 BH=64 min=256: 2
 L32768-B16-q2-H16 sms=304 BH=32 min=128: 19
 L4096-B128-q1-H128 sms=304 BH=64 min=256: 1
 L4096-B32-q4-H128 sms=304 BH=64 min=256: 1
 L32768-B16-q2-H128 sms=304 BH=64 min=256: 4
-L100-B1-q1-H16 sms=304 BH=32 min=128: 1
+L100-B1-q1-H16 sms=304 BH=32 min=128: 2
 L1-B4-q2-H16 sms=304 BH=32 min=128: 1""")
 
     def test_num_kv_splits_seed_algorithm(self):
@@ -155,7 +155,7 @@ L1-B4-q2-H16 sms=304 BH=32 min=128: 1""")
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_split_cap_defaults_are_the_selected_config_and_this_gpu(arch):
-    """block_h / min_work_per_split default to the BLOCK_H / MIN_SPLIT_LEN of the config the
+    """block_h / min_work_per_split default to the BLOCK_H / SPLIT_WORK of the config the
     table selects for that batch, sm_count to the platform's: never the seed's fixed 32 / 64
     (which disagree with the sm_90 table and cost up to 2x on the H200)."""
     differs_from_seed = 0
@@ -164,10 +164,11 @@ def test_split_cap_defaults_are_the_selected_config_and_this_gpu(arch):
             c = select_verify_config(b, q, h)
             got = verify_num_kv_splits(L, b, q, h)
             assert got == verify_num_kv_splits(L, b, q, h, plat.sm_count, block_h=c["BLOCK_H"],
-                                               min_work_per_split=c["MIN_SPLIT_LEN"])
+                                               min_work_per_split=c["SPLIT_WORK"])
             differs_from_seed += got != verify_num_kv_splits(L, b, q, h, plat.sm_count,
                                                              block_h=32, min_work_per_split=64)
-    assert differs_from_seed, "no shape tells the defaults from the seed's"
+    if arch in ("sm_90", "gfx942"):  # tables whose tiles are not the seed's 32 rows
+        assert differs_from_seed, "no shape tells the defaults from the seed's"
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -65,7 +65,7 @@ def test_plan_holds_the_tables_config_and_split(arch, H, qlen, B, L):
         cfg = launch_config(B, qlen, H, probe, 512, q_dtype=torch.bfloat16, page_size=64)
         assert dict(plan.config) == cfg
         assert plan.num_kv_splits == verify_num_kv_splits(
-            L, B, qlen, H, block_h=cfg["BLOCK_H"], min_work_per_split=cfg["MIN_SPLIT_LEN"])
+            L, B, qlen, H, block_h=cfg["BLOCK_H"], min_work_per_split=cfg["SPLIT_WORK"])
         assert plan.num_kv_splits == verify_num_kv_splits(L, B, qlen, H)  # the new default
         assert plan.workspace_shape in (None, (B * qlen, H, plan.num_kv_splits, 513))
 

@@ -104,14 +104,14 @@ def verify_num_kv_splits(
     (the idle tail of the last round), preferring fewer splits within 5% of the best.
 
     Unlike the seed, ``block_h`` and ``min_work_per_split`` default to the config the table
-    selects for this batch (its ``BLOCK_H`` and ``MIN_SPLIT_LEN``), and ``sm_count`` to this
-    GPU's: the seed's fixed 32 and 64 disagree with the sm_90 table's 16/64-row tiles and
-    128/512-token splits, which cost up to 2x on the H200 (and twice the workspace at M1).
+    selects for this batch (its ``BLOCK_H`` and ``SPLIT_WORK``), and ``sm_count`` to this GPU's:
+    the seed's fixed ``block_h`` of 32 disagrees with the sm_90 table's 16/64-row tiles, which
+    cost up to 2x on the H200 (and twice the workspace at M1).
     """
     if block_h is None or min_work_per_split is None:
         cfg = select_verify_config(batch, qlen, num_heads)
         block_h = cfg["BLOCK_H"] if block_h is None else block_h
-        min_work_per_split = (cfg["MIN_SPLIT_LEN"] if min_work_per_split is None
+        min_work_per_split = (cfg["SPLIT_WORK"] if min_work_per_split is None
                               else min_work_per_split)
     sm_count = platform.current().sm_count if sm_count is None else sm_count
     programs_per_split = max(1, batch) * verify_row_blocks(qlen, num_heads, block_h)
@@ -190,8 +190,9 @@ def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor,
     gluon = (q_dtype is not None and page_size is not None and cp_world == 1
              and gluon_unsupported_shape(k_buffer.device, q_dtype, k_buffer.dtype, num_heads,
                                          k_buffer.shape[-1], Lv, page_size) is None)
-    if gluon and config and "family" not in config and not set(config) <= set(GLUON_FAMILY_CONFIG):
-        gluon = False  # overrides of the portable family's keys: the portable family's rule
+    if gluon and config and (config.get("family") == "triton" or "family" not in config
+                             and not set(config) <= set(GLUON_FAMILY_CONFIG)):
+        gluon = False  # the portable family asked for, or its keys overridden: its table rule
     cfg = select_verify_config(batch, qlen, num_heads, fp8=fp8, gluon=gluon, config=config)
     if cfg["family"] == "triton" and Lv < 32 and cfg.get("QSPLIT"):
         cfg["QSPLIT"] = 0  # the halves would be narrower than a dot's K of 16

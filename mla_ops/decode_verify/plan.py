@@ -2,7 +2,7 @@
 
 A :class:`VerifyPlan` fixes, for one batch bucket (the batch size a CUDA graph is captured
 for), everything the positional API leaves to the caller: the launch config the table selects,
-the split cap (from that config's own ``BLOCK_H`` and ``MIN_SPLIT_LEN``, not the seed's
+the split cap (from that config's own ``BLOCK_H`` and ``SPLIT_WORK``, not the seed's
 defaults), the workspace (owned by the plan), and the SM count it planned for. ``run`` takes
 the per-step tensors with the metadata keyword-only (``seq_lens`` and ``real_seq_lens`` cannot
 be swapped), checks the call against the plan — another batch bucket, cache dtype, head count
@@ -184,7 +184,7 @@ def plan_verify(batch: int, qlen: int, num_heads: int, max_seq_len: int, *,
     if num_kv_splits is None:
         num_kv_splits = verify_num_kv_splits(max(1, local_max), batch, qlen, num_heads, sm_count,
                                              block_h=cfg["BLOCK_H"],
-                                             min_work_per_split=cfg["MIN_SPLIT_LEN"])
+                                             min_work_per_split=cfg["SPLIT_WORK"])
     same = frozenset(b for b in range(1, batch + 1) if b == batch or launch_config(
         b, qlen, num_heads, probe, v_head_dim, q_dtype=dtype, page_size=page_size,
         cp_world=cp_world) == cfg)
