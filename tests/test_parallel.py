@@ -496,19 +496,14 @@ def _spawn(fn, world: int, tmp_path, *args) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def gloo_results(tmp_path_factory):
-    # The gloo ranks run CPU tensors: their Triton cases run in the interpreter, also on a
-    # machine with a GPU (the children import triton after this is set).
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return _spawn(_gloo_worker, GLOO_PROCESSES, tmp_path_factory.mktemp("gloo"), GLOO_CASES)
-    finally:
-        os.environ.pop("TRITON_INTERPRET") if saved is None else os.environ.update(
-            TRITON_INTERPRET=saved)
+    return _spawn(_gloo_worker, GLOO_PROCESSES, tmp_path_factory.mktemp("gloo"), GLOO_CASES)
 
 
 @pytest.mark.parametrize("case", GLOO_CASES, ids=[c.id for c in GLOO_CASES])
 def test_gloo_step_matches_full_attention(gloo_results, case):
+    if case.kernel == "triton" and torch.cuda.is_available():
+        pytest.skip("the Triton kernels on CPU tensors run in the interpreter (CPU CI); on a GPU "
+                    "machine the NCCL cases run them")
     for rank, results in enumerate(gloo_results[: case.world]):
         err = results.get(case.id, "not run")
         assert err is None, f"rank {rank}:\n{err}"
