@@ -24,6 +24,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running; still part of the default run")
 
 
+def pytest_report_header(config):
+    """Which side defined torch.ops.mla, and why mla_ops._C was not built if it was not."""
+    import mla_ops.library
+
+    return f"mla_ops: {mla_ops.library.EXTENSION_STATUS}"
+
+
 def pytest_collection_modifyitems(config, items):
     if _HAS_GPU:
         return
