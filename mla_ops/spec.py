@@ -180,6 +180,21 @@ def _cache_rules(cache_dtype_ref: str) -> list:
     ]
 
 
+def _scale_and_cp_rules() -> list:
+    """``sm_scale``, ``k_scale`` (it dequantizes an fp8 cache and is ignored for a 16-bit one,
+    on every path) and the context-parallel layout of the two verify ops."""
+    return [
+        positive_finite("sm_scale"),
+        tensor("k_scale", None, "F32", when="k_scale is not None"),
+        check("k_scale.numel() == 1", "k_scale: expected a scalar tensor, got shape "
+              "{shape(k_scale)}", when="k_scale is not None"),
+        at_least("cp_world", 1),
+        check("0 <= cp_rank and cp_rank < cp_world",
+              "cp_rank: expected 0 <= cp_rank < cp_world={cp_world}, got {cp_rank}"),
+        at_least("cp_interleave", 1),
+    ]
+
+
 def _latent_dims_rule(lv_arg: str) -> Rule:
     return check(
         f"{pow2_in('Lv', *VERIFY_LV)} and (rope == 0 or {pow2_in('rope', *VERIFY_ROPE)})",
@@ -247,15 +262,7 @@ DECODE_VERIFY = OpSpec(
               "(at least), got {shape(attn_logits)}",
               when="attn_logits is not None and num_kv_splits > 1"),
         inner_contiguous("attn_logits", when="attn_logits is not None and num_kv_splits > 1"),
-        positive_finite("sm_scale"),
-        # k_scale dequantizes an fp8 cache and is ignored for a 16-bit one, on every path.
-        tensor("k_scale", None, "F32", when="k_scale is not None"),
-        check("k_scale.numel() == 1", "k_scale: expected a scalar tensor, got shape "
-              "{shape(k_scale)}", when="k_scale is not None"),
-        at_least("cp_world", 1),
-        check("0 <= cp_rank and cp_rank < cp_world",
-              "cp_rank: expected 0 <= cp_rank < cp_world={cp_world}, got {cp_rank}"),
-        at_least("cp_interleave", 1),
+        _scale_and_cp_rules(),
         same_device("q", "k_buffer", "v_buffer", "o", "lse", "req_to_token", "seq_lens",
                     "real_seq_lens", "attn_logits", "k_scale"),
     ),
@@ -289,14 +296,7 @@ WARMUP_DECODE_VERIFY = OpSpec(
         check("len(qlens) >= 1", "qlens: expected a non-empty list of ints, got {qlens}"),
         each("qlens", "t", "t >= 1", "qlens: expected ints >= 1, got {qlens}"),
         tensor("attn_logits", None, "F32", when="attn_logits is not None"),
-        positive_finite("sm_scale"),
-        tensor("k_scale", None, "F32", when="k_scale is not None"),
-        check("k_scale.numel() == 1", "k_scale: expected a scalar tensor, got shape "
-              "{shape(k_scale)}", when="k_scale is not None"),
-        at_least("cp_world", 1),
-        check("0 <= cp_rank and cp_rank < cp_world",
-              "cp_rank: expected 0 <= cp_rank < cp_world={cp_world}, got {cp_rank}"),
-        at_least("cp_interleave", 1),
+        _scale_and_cp_rules(),
         same_device("q", "k_buffer", "o", "lse", "req_to_token", "attn_logits", "k_scale"),
     ),
 )

@@ -42,8 +42,10 @@ request's coarser rounding never hides a long one's error. Rows that see no key 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 from typing import Any, Callable, Sequence
 
 import torch
@@ -52,7 +54,7 @@ import mla_ops  # noqa: F401  (registers torch.ops.mla)
 from mla_ops.reference import (FP8_DTYPES, cache_pages, context_attention_ref, decode_verify_ref,
                                verify_row_limits)
 
-__all__ = ["SM_SCALE", "FP8", "K", "FLOOR", "DecodeCase", "decode_case", "EncoderCase",
+__all__ = ["interpret", "SM_SCALE", "FP8", "K", "FLOOR", "DecodeCase", "decode_case", "EncoderCase",
            "encoder_case", "lowp_attention", "assert_within", "to_meta", "ToleranceError"]
 
 SM_SCALE = 0.1352  # DeepSeek's MLA scale (1/sqrt(192) * mscale**2)
@@ -74,6 +76,21 @@ K = 3
 # PyTorch's own error (~3e-7) is below what a reordering of the kernel's sums costs, 16 ulps.
 # Far below what a dropped block costs (~2e-3 in o and lse at L = 32k, bf16).
 FLOOR = {torch.float16: 2.0 ** -16, torch.bfloat16: 2.0 ** -13, torch.float32: 2.0 ** -19}
+
+
+@contextlib.contextmanager
+def interpret(on: bool):
+    """``TRITON_INTERPRET`` for the ops' CPU kernels: on, the Triton kernels under the
+    interpreter; off, the plain-PyTorch reference (triton's own import is unaffected)."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
 
 
 class ToleranceError(AssertionError):

@@ -19,7 +19,6 @@ for message, on meta tensors.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
@@ -31,7 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import mla_ops
 from mla_ops.reference import decode_verify_ref
 
-from builders import FP8, decode_case, encoder_case
+from builders import FP8, decode_case, encoder_case, interpret
 
 PATHS = ["function", "op", "op-reference", "fake"]
 NAN, INF = float("nan"), float("inf")
@@ -42,21 +41,6 @@ def strided(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([t, t], -1).flatten(-2)[..., ::2]
 
 
-@contextlib.contextmanager
-def _interpret(on: bool):
-    """``TRITON_INTERPRET`` for the ops' CPU kernels: on, the Triton kernels under the
-    interpreter; off, the plain-PyTorch reference (triton itself is unaffected)."""
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-
-
 def _call(path, function, op, args, device):
     """Call ``args`` on ``path``; returns the ``o`` the call was given (None for fake)."""
     if path == "function":
@@ -64,7 +48,7 @@ def _call(path, function, op, args, device):
     elif path == "op":
         op(**args)
     elif path == "op-reference":
-        with _interpret(False):
+        with interpret(False):
             op(**args)
     else:
         with FakeTensorMode() as mode:
@@ -372,7 +356,7 @@ def test_k_scale_is_ignored_for_a_16_bit_cache(device):
     cpu = dataclasses.replace(case, **{f.name: getattr(case, f.name).cpu()
                                        for f in dataclasses.fields(case)
                                        if isinstance(getattr(case, f.name), torch.Tensor)})
-    with _interpret(False):
+    with interpret(False):
         o_r, lse_r = cpu.run(2, fn=torch.ops.mla.decode_verify)
     cpu_plain = dataclasses.replace(cpu, k_scale=None)
     ref_o, ref_lse = cpu_plain.reference()

@@ -17,7 +17,7 @@ import torch
 import mla_ops
 from mla_ops import checked
 
-from builders import decode_case, encoder_case
+from builders import decode_case, encoder_case, interpret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,12 +64,8 @@ def _raises_named(message):
 
 def _on_reference_kernel(op, args):
     """The op's CPU kernel with the plain-PyTorch reference (not the interpreter)."""
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
+    with interpret(False):
         op(**args)
-    finally:
-        os.environ["TRITON_INTERPRET"] = saved if saved is not None else "0"
 
 
 @pytest.mark.parametrize("message,change", [c[1:] for c in DECODE_BAD],

@@ -22,7 +22,6 @@ Tests that need the built library skip when it is absent; the pure-Python ones a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -37,7 +36,7 @@ import torch
 import mla_ops  # noqa: F401  (registers torch.ops.mla)
 from mla_ops import _ext, library, spec
 
-from builders import decode_case, encoder_case, to_meta
+from builders import decode_case, encoder_case, interpret, to_meta
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SO = _ext.library_path()  # the built library, whether or not this process loaded it
@@ -64,20 +63,6 @@ def _run(code_or_args, env=None, timeout=120, cwd=ROOT) -> dict:
                           cwd=cwd)
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@contextlib.contextmanager
-def _reference_kernels():
-    """CPU kernels run the plain-PyTorch reference, not the interpreter: fast, deterministic."""
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
 
 
 # --- valid arguments, as keyword dicts (the schema's names), from tests/builders.py ----------
@@ -458,7 +443,7 @@ def test_meta_kernels_trace_dynamic_shapes_without_recompiling():
 
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
-    with _reference_kernels():
+    with interpret(False):
         # Sizes picked so that no two dims coincide (duck sizing would equate them).
         for B, total in ((5, 11), (7, 13), (9, 17)):
             args = inputs(B, total)
@@ -502,7 +487,7 @@ def _export_program(directory: str) -> tuple[str, str]:
     a, c = decode_verify_args(), context_args()
     inputs = (a["q"], a["k_buffer"], a["req_to_token"], a["seq_lens"], c["q"],
               c["b_start_loc"], c["b_seq_len"])
-    with _reference_kernels():
+    with interpret(False):
         expected = Step()(*inputs)
         program = torch.export.export(Step(), inputs)
     path, data = os.path.join(directory, "step.pt2"), os.path.join(directory, "io.pt")
@@ -526,7 +511,7 @@ def mode_report(program: str | None = None, data: str | None = None) -> dict:
             if torch._C._dispatch_has_kernel_for_dispatch_key(f"mla::{n}", k)]
         for n in OPS
     }
-    with _reference_kernels():
+    with interpret(False):
         # opcheck: Lv == Lk where aot_dispatch runs the kernel on copies of the inputs (a copy
         # of a narrower view is no view of the cache), and the strided view without it.
         cases = {
