@@ -51,7 +51,7 @@ import torch.distributed as dist
 from . import platform, reference
 from .decode_verify.launch import (
     decode_attention_fwd_verify,
-    select_verify_config,
+    launch_config,
     verify_num_kv_splits,
 )
 from .merge.launch import merge_attn_states, rescale_attn_partial
@@ -343,6 +343,8 @@ class CPVerify:
             all-gathered over the DCP group first).
         Lv / Lk: latent and full head dims (512 / 576 for DeepSeek).
         dtype / device: q's dtype and this rank's device.
+        kv_dtype: the cache's dtype (default: ``dtype``); with the page size it decides which
+            kernel family the table runs, whose tiles and split work the split cap follows.
         page_size: tokens per page of the local cache.
         sm_scale: softmax scale.
         interleave: tokens per round-robin block of the sharded cache.
@@ -360,7 +362,7 @@ class CPVerify:
 
     def __init__(self, group, *, max_batch: int, max_qlen: int, num_heads: int, Lv: int, Lk: int,
                  dtype: torch.dtype, device, page_size: int, sm_scale: float, interleave: int,
-                 max_seq_len: int | None = None, num_kv_splits: int | None = None,
+                 kv_dtype: torch.dtype | None = None, max_seq_len: int | None = None, num_kv_splits: int | None = None,
                  method: str = "rs", comm_dtype: torch.dtype | None = None, kernel: str = "auto",
                  config: dict[str, Any] | None = None):
         self.group = group
@@ -377,12 +379,15 @@ class CPVerify:
             if max_seq_len is None:
                 raise ValueError("max_seq_len: required when num_kv_splits is not given")
             local_max = shard_lengths(max_seq_len, self.world, self.rank, interleave)
-            cfg = select_verify_config(max_batch, max_qlen, num_heads)
-            if self.config:
-                cfg.update(self.config)
-            num_kv_splits = verify_num_kv_splits(local_max, max_batch, max_qlen, num_heads,
-                                                 platform.current().sm_count,
-                                                 block_h=cfg["BLOCK_H"])
+            # The config the rank's launches select (launch_config reads the cache's dtype,
+            # device and head dim only): its row tile and split work set the cap.
+            probe = torch.empty(0, 1, Lk, dtype=kv_dtype or dtype, device=device)
+            cfg = launch_config(max_batch, max_qlen, num_heads, probe, Lv, self.config,
+                                q_dtype=dtype, page_size=page_size, cp_world=self.world)
+            num_kv_splits = verify_num_kv_splits(max(1, local_max), max_batch, max_qlen,
+                                                 num_heads, platform.current().sm_count,
+                                                 block_h=cfg["BLOCK_H"],
+                                                 min_work_per_split=cfg["SPLIT_WORK"])
         self.num_kv_splits = num_kv_splits
         dev = torch.device(device)
         self._o_part = torch.empty(self.max_rows * num_heads * Lv, dtype=dtype, device=dev)

@@ -63,8 +63,10 @@ def _is_hopper() -> bool:
 # --- offline compiles (CPU) ----------------------------------------------------------------------
 
 
-def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str = "redundant"):
-    """The sm_90a cubin of one launch variant and ptxas's report: (kernel, ptxas stderr)."""
+def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str = "redundant",
+             cp: bool = False):
+    """The sm_90a cubin of one launch variant and ptxas's report: (kernel, ptxas stderr).
+    ``cp``: a context-parallel rank's kernel (2 ranks, interleave 64; the rank a runtime int)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -89,6 +91,11 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
                   "SPLIT_ALIGN": cfg["SPLIT_ALIGN"], "MIN_SPLIT_LEN": cfg["MIN_SPLIT_LEN"],
                   "SINGLE": single, "PRODUCER_REGS": cfg["PRODUCER_REGS"],
                   "CONSUMER_REGS": cfg["CONSUMER_REGS"]}
+    if cp:
+        sig["cp_rank"] = "i32"
+        constexprs.update(CP_WORLD=2, CP_INTERLEAVE=64)
+    else:
+        constexprs.update(cp_rank=None, CP_WORLD=1, CP_INTERLEAVE=1)
     sig.update({k: "constexpr" for k in constexprs})
     fn = gk._verify_stage1_alt if schedule.startswith("alt") else gk._verify_stage1_ws
     if schedule == "alt-qkfirst":
@@ -106,18 +113,21 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
     return kernel, report
 
 
-# (config, H, schedule, fp8, one split). H16 and H128 differ only in the Q box and SINGLE only in
-# the epilogue's stores: each kernel is compiled at (H16, splits > 1) and (H128, one split),
-# which covers both of each and keeps this test near a minute on a 2-core machine.
-VARIANTS = [(name, h, sched, fp8, single) for name in sorted(PROPOSED_CONFIGS)
+# (config, H, schedule, fp8, one split, context parallel). H16 and H128 differ only in the Q box
+# and SINGLE only in the epilogue's stores: each kernel is compiled at (H16, splits > 1) and
+# (H128, one split), which covers both of each and keeps this test near a minute on a 2-core
+# machine. A context-parallel rank's kernel differs only in its limits: one of each schedule.
+VARIANTS = [(name, h, sched, fp8, single, False) for name in sorted(PROPOSED_CONFIGS)
             for sched, fp8 in (("alt", False), ("redundant", False), ("redundant", True))
             for h, single in ((16, False), (128, True))]
-VARIANTS += [(name, 128, "alt-qkfirst", False, False) for name in sorted(PROPOSED_CONFIGS)]
+VARIANTS += [(name, 128, "alt-qkfirst", False, False, False) for name in sorted(PROPOSED_CONFIGS)]
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, False, True)
+             for h, sched, fp8 in ((16, "alt", False), (16, "redundant", True), (128, "alt-qkfirst", False))]
 
 
-def _report(name, num_heads, schedule, fp8, single) -> dict:
+def _report(name, num_heads, schedule, fp8, single, cp) -> dict:
     cfg = PROPOSED_CONFIGS[name]
-    kernel, report = _compile(cfg, num_heads, fp8, single, schedule)
+    kernel, report = _compile(cfg, num_heads, fp8, single, schedule, cp)
     # (QK_FIRST: ptxas waits for the in-flight score wgmmas before the O rescale: warning C7517,
     # an injected wait, not a serialization of the wgmmas.)
     ptx = kernel.asm["ptx"]
@@ -163,23 +173,26 @@ def offline_reports():
 # Spill bytes ptxas reports per kernel: scalars spilled once outside the block loop (checked
 # in the SASS when these limits were set); the redundant bf16 kernel spills nothing.
 MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32, ("alt-qkfirst", False): 32}
+# A context-parallel rank's kernel keeps a few more scalars (rank, local lengths): alt H16 spills
+# 40 bytes, stored before each group's block loop and reloaded after it (read in the SASS).
+CP_EXTRA_SPILL = 16
 
 
 @pytest.mark.skipif(_GLUON_WHY is not None, reason=f"no Gluon of triton 3.6 here: {_GLUON_WHY}")
-@pytest.mark.parametrize("variant", VARIANTS, ids=["{}-H{}-{}-{}-{}".format(n, h, s, "fp8" if f else "bf16",
-                                                                            "splits1" if g else "splitsN")
-                                                   for n, h, s, f, g in VARIANTS])
+@pytest.mark.parametrize("variant", VARIANTS, ids=["{}-H{}-{}-{}-{}{}".format(
+    n, h, s, "fp8" if f else "bf16", "splits1" if g else "splitsN", "-cp2" if c else "")
+    for n, h, s, f, g, c in VARIANTS])
 def test_offline_compile_sm90a(variant, offline_reports):
     """Every launch variant of each proposed config: an sm_90a cubin with wgmma and TMA, (almost)
     no spills, no serialized wgmma, registers within the warp-specialize budget, shared memory
     within 227 KB. (H16 and H128 differ in the Q box; qlen, H, page size and the split cap are
     runtime values.)"""
-    name, _, schedule, fp8, _ = variant
+    name, _, schedule, fp8, _, cp = variant
     cfg = PROPOSED_CONFIGS[name]
     r = offline_reports[tuple(variant)]
     assert r["wgmma"] and r["tma"], r
     assert not r["serialized"], r
-    assert r["spills"] <= MAX_SPILL[(schedule, fp8)], r
+    assert r["spills"] <= MAX_SPILL[(schedule, fp8)] + (CP_EXTRA_SPILL if cp else 0), r
     # 12 warps launched (consumer group, consumer group, producer warp padded to a group): the
     # launch allocation is at most 65536 / 384 registers; setmaxnreg then moves them around.
     assert r["regs"] * 384 <= 65536, r

@@ -56,6 +56,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .kernels import _cp_local_len  # plain integer arithmetic: shared with the portable kernel
+
 _LN2 = gl.constexpr(0.6931471805599453)
 _BM = gl.constexpr(64)  # rows per CTA: one wgmma M
 _DT = gl.constexpr(64)  # columns per shared tile: 128 B of 16-bit values, one swizzle row
@@ -68,9 +70,19 @@ def _row_limit(tok, seq_len, real_len, qlen):
 
 
 @gluon.jit
+def _local(n, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
+    """Global positions ``[0, n)`` -> how many of them this rank holds (context parallelism:
+    ``kernels._cp_local_len``); ``n`` itself on a single GPU."""
+    if CP_WORLD > 1:
+        return _cp_local_len(n, cp_rank, CP_WORLD, CP_INTERLEAVE)
+    else:
+        return n
+
+
+@gluon.jit
 def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX: gl.constexpr,
           HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr,
-          BLOCK_N: gl.constexpr):
+          BLOCK_N: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
     """This CTA's work item, from its program id. Every partition computes it itself (scalar
     work on kernel arguments), rather than keeping the parent's values live across the
     warp-specialized region (that spilled the default partition's registers)."""
@@ -88,13 +100,17 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX: gl.const
     seq_len = gl.load(Seq_Lens + pid_b)
     real_len = gl.load(Real_Lens + pid_b)  # Seq_Lens itself when there are no real lengths
     tok_last = gl.minimum(tok0 + TOK_BOX, qlen) - 1
-    min_lim = _row_limit(tok0, seq_len, real_len, qlen)  # limits grow with the token
-    max_lim = _row_limit(tok_last, seq_len, real_len, qlen)
+    # Limits grow with the token. Under context parallelism they, and the length the splits
+    # cut, are this rank's local ones (a row's keys are a prefix of the local cache); seq_len
+    # stays global for the consumers' per-row limits (``_local(_row_limit(...))``).
+    min_lim = _local(_row_limit(tok0, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
+    max_lim = _local(_row_limit(tok_last, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
+    local_len = _local(seq_len, cp_rank, CP_WORLD, CP_INTERLEAVE)
     # Split s covers [s * chunk, min((s + 1) * chunk, L)), as in the portable kernel.
-    chunk = gl.maximum(gl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
+    chunk = gl.maximum(gl.cdiv(local_len, num_kv_splits), MIN_SPLIT_LEN)
     chunk = gl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
     split_start = pid_s * chunk
-    split_end = gl.minimum(split_start + chunk, seq_len)
+    split_end = gl.minimum(split_start + chunk, local_len)
     kv_end = gl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
     full_end = gl.minimum(split_end, min_lim)  # every valid row sees every key below this
     n_blocks = gl.cdiv(gl.maximum(kv_end - split_start, 0), BLOCK_N)
@@ -105,13 +121,14 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX: gl.const
 def _producer(q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
               Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
               SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
-              NUM_STAGES: gl.constexpr, N_DT: gl.constexpr):
+              NUM_STAGES: gl.constexpr, N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
+              CP_INTERLEAVE: gl.constexpr):
     """1 warp: the Q tile once, then the KV blocks of the split through the ring."""
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
     # Nothing is loaded for an empty work item, so no copy can outlive the CTA.
     if n_blocks > 0:
         mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
@@ -150,7 +167,8 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
               stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
               TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
               MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, KV_FP8: gl.constexpr):
+              N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, KV_FP8: gl.constexpr,
+              cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
     """One consumer warpgroup: output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
@@ -171,12 +189,13 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
 
     pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
     rows = gl.arange(0, _BM, layout=ROW)
     tok = tok0 + rows // HEAD_BOX  # verify token of each row, in the request
     row_valid = tok < qlen
     # Padding rows see what the tile's last valid row sees: finite, never stored.
-    lim = gl.where(row_valid, _row_limit(tok, seq_len, real_len, qlen), max_lim)
+    lim = _local(_row_limit(tok, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
+    lim = gl.where(row_valid, lim, max_lim)
     lim = gl.minimum(lim, kv_end)  # [64]: also ends at the split end
 
     mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
@@ -328,7 +347,7 @@ def _k_tile(tiles, idx, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr):
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                               "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
-                              "page_size"])
+                              "page_size", "cp_rank"])
 def _verify_stage1_ws(
     q_desc,  # [B*qlen, H, Lk] bf16, boxes [TOK_BOX, HEAD_BOX, 64]
     k_desc,  # [num_pages, PAGE_SIZE, Lk] cache (bf16 or fp8 e4m3), boxes [1, BLOCK_N, 64]
@@ -342,9 +361,12 @@ def _verify_stage1_ws(
     K_Scale,  # [] fp32
     stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
     num_kv_splits, qlen, num_heads, page_size,
+    cp_rank,  # CP_WORLD > 1: this rank (context parallelism); None otherwise (a constexpr None)
     LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    CP_WORLD: gl.constexpr = 1,  # ranks the cache is sharded over (kernels.py's top comment)
+    CP_INTERLEAVE: gl.constexpr = 1,  # tokens per round-robin block of the sharded cache
 ):
     """Stage 1, one CTA per (row block, request, split); see the module docstring. Launched
     with ``num_warps=4`` (the first consumer group; the other group and the producer warp are
@@ -381,15 +403,16 @@ def _verify_stage1_ws(
                      Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
                      stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8)),
+                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE)),
         (_consumer, (1, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
                      Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
                      stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8)),
+                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE)),
         (_producer, (q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
-                     page_size, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT)),
+                     page_size, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT, cp_rank, CP_WORLD,
+                     CP_INTERLEAVE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(conv_done)
@@ -425,14 +448,14 @@ def _verify_stage1_ws(
 def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
                   Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                   SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
-                  N_DT: gl.constexpr):
+                  N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
     """1 warp: Q (tiles 0-7 to ``q_smem``, the rope tile to ``sp_smem[1]``), then each block
     into stage ``i % 2`` by halves, the owner's half first (it is freed first)."""
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
     if n_blocks > 0:
         q_tok = pid_b * qlen + tok0
         mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
@@ -544,7 +567,8 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
                   stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                   TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
-                  LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr):
+                  LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr, cp_rank,
+                  CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
     """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
     and output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -558,11 +582,12 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
 
     pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
     rows = gl.arange(0, _BM, layout=ROW)
     tok = tok0 + rows // HEAD_BOX
     row_valid = tok < qlen
-    lim = gl.where(row_valid, _row_limit(tok, seq_len, real_len, qlen), max_lim)
+    lim = _local(_row_limit(tok, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
+    lim = gl.where(row_valid, lim, max_lim)
     lim = gl.minimum(lim, kv_end)
 
     mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
@@ -713,14 +738,15 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, O, L
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                               "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
-                              "page_size"])
+                              "page_size", "cp_rank"])
 def _verify_stage1_alt(
     q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse, K_Scale,
     stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
-    num_kv_splits, qlen, num_heads, page_size,
+    num_kv_splits, qlen, num_heads, page_size, cp_rank,
     LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, QK_FIRST: gl.constexpr = False,
+    CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
 ):
     """Stage 1 with the alternating schedule (bf16 caches only; same arguments as
     ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2)."""
@@ -760,15 +786,15 @@ def _verify_stage1_alt(
                          p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
                          qlen, num_heads, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                         N_DT, LV, SINGLE, QK_FIRST)),
+                         N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE)),
         (_consumer_alt, (1, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
                          p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
                          qlen, num_heads, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                         N_DT, LV, SINGLE, QK_FIRST)),
+                         N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE)),
         (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
                          Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                         SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT)),
+                         SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)

@@ -208,13 +208,16 @@ def _descriptors(q, k_buffer, page_size, block_n):
 
 
 def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real_lens, has_real,
-                               o, lse, mid, qlen, num_kv_splits, sm_scale, page_size, Lv, cfg) -> None:
+                               o, lse, mid, qlen, num_kv_splits, sm_scale, page_size, Lv, cfg,
+                               cp_world=1, cp_rank=0, cp_interleave=1) -> None:
     """Launch the Gluon stage 1 (``gluon_unsupported_reason`` must have returned None).
 
     Args: as ``decode_attention_fwd_verify`` after its checks; ``real_lens`` is ``seq_lens``
     when ``has_real`` is False; ``mid`` is ``attn_logits`` (None when ``num_kv_splits == 1``:
     then ``o`` / ``lse`` are written here and there is no stage 2); ``k_scale`` a scalar fp32
-    tensor (1.0 for a bf16 cache); ``cfg`` the keys of :data:`GLUON_DEFAULT_CONFIG`.
+    tensor (1.0 for a bf16 cache); ``cfg`` the keys of :data:`GLUON_DEFAULT_CONFIG`;
+    ``cp_*``: this launch is rank ``cp_rank`` of a context-parallel step (global lengths, the
+    rank's local cache and block table), as in the portable kernel.
     """
     c = {**GLUON_DEFAULT_CONFIG, **(cfg or {})}
     batch = q.shape[0] // qlen
@@ -236,9 +239,11 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         real_lens if has_real else seq_lens, mid_t, o, lse, k_scale,
         req_to_token.stride(0), *mid_strides, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
         num_kv_splits, qlen, num_heads, page_size,
+        cp_rank if cp_world > 1 else None,  # None: a constexpr, the single-GPU kernel itself
         LV=Lv, LK=q.shape[-1], BLOCK_N=c["BLOCK_N"], NUM_STAGES=c["NUM_STAGES"],
         SPLIT_ALIGN=c["SPLIT_ALIGN"], MIN_SPLIT_LEN=c["MIN_SPLIT_LEN"], SINGLE=single,
         PRODUCER_REGS=c["PRODUCER_REGS"], CONSUMER_REGS=c["CONSUMER_REGS"],
+        CP_WORLD=cp_world, CP_INTERLEAVE=cp_interleave if cp_world > 1 else 1,
         num_warps=c["num_warps"], **extra,
     )
 

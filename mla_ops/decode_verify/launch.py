@@ -183,11 +183,12 @@ def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor,
     facts of the launch that the table cannot see (a 16-wide Lv cannot be halved by QSPLIT).
 
     The table routes on whether the sm_90 Gluon family covers the launch (``gluon`` fact: GPU,
-    triton, dtypes, head dims, page size, no context parallelism); that needs ``q_dtype`` and
-    ``page_size`` (without them the fact is False).
+    triton, dtypes, head dims, page size); that needs ``q_dtype`` and ``page_size`` (without
+    them the fact is False). ``cp_world`` changes nothing here: both families run a
+    context-parallel rank's launch.
     """
     fp8 = k_buffer.dtype in FP8_DTYPES
-    gluon = (q_dtype is not None and page_size is not None and cp_world == 1
+    gluon = (q_dtype is not None and page_size is not None
              and gluon_unsupported_shape(k_buffer.device, q_dtype, k_buffer.dtype, num_heads,
                                          k_buffer.shape[-1], Lv, page_size) is None)
     if gluon and config and (config.get("family") == "triton" or "family" not in config
@@ -263,8 +264,7 @@ def decode_attention_fwd_verify(
     cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config, q_dtype=q.dtype,
                         page_size=page_size, cp_world=cp_world)
     if cfg["family"] == "gluon":
-        why = gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg) if cp_world == 1 else \
-            "context parallelism runs on the portable kernel"
+        why = gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg)
         if why and config and config.get("family") == "gluon":
             raise ValueError(f"config: the gluon family cannot run this launch: {why}")
         if why:  # what only the tensors show (pointer alignment): the portable kernel
@@ -294,13 +294,18 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         k_scale = _unit_scale(q.device)
     has_real = real_seq_lens is not None
     real = real_seq_lens if has_real else seq_lens
+    # cp_world == 1: cp_rank goes in as None (a constexpr, not a kernel argument) so that the
+    # single-GPU launch compiles to exactly the kernel without context parallelism; every rank
+    # shares one binary (cp_rank is not specialized).
+    cp_rank_arg = cp_rank if cp_world > 1 else None
+    cp = {"CP_WORLD": cp_world, "CP_INTERLEAVE": cp_interleave if cp_world > 1 else 1}
     if cfg["family"] == "gluon":
         launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
                                    o, lse, attn_logits, qlen, num_kv_splits, sm_scale, page_size,
-                                   Lv, cfg)
+                                   Lv, cfg, cp_world, cp_rank, cp_interleave)
         if not single:
             _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides,
-                           qlen, num_heads, num_kv_splits, Lv, None, False)
+                           qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, False, **cp)
         return
     stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
     launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
@@ -316,11 +321,6 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     # compiled variant whatever the batch: the loop runs once when the work fits).
     persistent = cfg["PERSISTENT"] > 0
     grid = (min(programs, cfg["PERSISTENT"] * plat.sm_count) if persistent else programs,)
-    # cp_world == 1: cp_rank goes in as None (a constexpr, not a kernel argument) so that the
-    # single-GPU launch compiles to exactly the kernel without context parallelism; every rank
-    # shares one binary (cp_rank is not specialized).
-    cp_rank_arg = cp_rank if cp_world > 1 else None
-    cp = {"CP_WORLD": cp_world, "CP_INTERLEAVE": cp_interleave if cp_world > 1 else 1}
     kernels._fwd_verify_stage1[grid](
         q, k_buffer, k_desc, kpe_desc, sm_scale * _LOG2E, req_to_token, seq_lens, real, mid, o, lse,
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
