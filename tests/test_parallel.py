@@ -548,7 +548,8 @@ GPU_KERNEL_CP = [
 def _gluon_why(device) -> str | None:
     from mla_ops.decode_verify.gluon_launch import gluon_unsupported_shape
 
-    return gluon_unsupported_shape(device, torch.bfloat16, torch.bfloat16, 16, 576, 512, 64)
+    return gluon_unsupported_shape(torch.device(device), torch.bfloat16, torch.bfloat16, 16, 576,
+                                   512, 64)
 
 
 @pytest.mark.gpu
