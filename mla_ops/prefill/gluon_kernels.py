@@ -55,12 +55,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
+    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
 _BM = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
 _NEG_BIG = gl.constexpr(-1.0e30)
 _LOG2E = gl.constexpr(1.4426950408889634)
+# Measurement only (wrong results): 1 drops the exp2 of the softmax, 2 the P.V wgmmas. Set on
+# the module before the first compile, in a process of its own (benchmarks' ablation runs).
+_ABLATE = gl.constexpr(0)
 
 
 @gluon.jit
@@ -140,6 +144,8 @@ def _scores(q, qt, k_smem, kt_smem, s, BLOCK_N: gl.constexpr, BLOCK_D: gl.conste
 def _pv(p, pt, acc, acc_t, v_smem, vt_smem, s, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
         BLOCK_D_TAIL: gl.constexpr):
     """Issue ``O += P V_s`` (both accumulators) asynchronously."""
+    if _ABLATE == 2:
+        return warpgroup_mma_init(acc), warpgroup_mma_init(acc_t)
     acc = warpgroup_mma(p, v_smem.index(s).reshape([BLOCK_N, BLOCK_D]), acc, is_async=True)
     if BLOCK_D_TAIL > 0:
         acc_t = warpgroup_mma(pt, vt_smem.index(s).reshape([BLOCK_N, BLOCK_D_TAIL]), acc_t, is_async=True)
@@ -157,7 +163,10 @@ def _softmax(qk, m_i, l_i, start, rows, seq_len, qk_scale, MASKED: gl.constexpr,
             visible = visible & (keys[None, :] <= rows[:, None])
         qk = gl.where(visible, qk, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
-    p = gl.exp2(qk * qk_scale - m_new[:, None])
+    if _ABLATE == 1:
+        p = qk * qk_scale - m_new[:, None]
+    else:
+        p = gl.exp2(qk * qk_scale - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i

@@ -57,6 +57,11 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     "num_warps": 4,
 }
 
+# Head dims the kernel was checked at on the H200 (tests/test_gluon_prefill.py's GPU cases).
+# Others of a supported split (88, 112, ...) use the same code path (columns past the head dim
+# read as zeros) but stay on the portable kernel until a GPU run has checked them.
+VERIFIED_HEAD_DIMS = (64, 72, 80, 96, 128, 256)
+
 SMEM_LIMIT = 232448  # bytes of shared memory a CTA may have on sm_90 (227 KB)
 _LOG2E = 1.4426950408889634
 
@@ -93,10 +98,11 @@ def gluon_unsupported_shape(device: torch.device, dtype: torch.dtype, head_dim: 
     """None when the Gluon kernel can run launches of these facts (no tensors needed: the table
     routes on this), else a short reason (the portable kernel runs them).
 
-    Supported: triton 3.6.x, a CUDA GPU of compute capability 9.0, fp16 / bf16, the head-dim
-    splits 64 + 0/16/32 (head dims 57-96), 128 + 0 (97-128) and 256 + 0 (193-256), causal or
-    not, GQA, sinks, variable lengths. Not supported: sliding windows (either side), fp32, head
-    dims below 57 and 129-192 (a tail beside a 128-wide block: never compiled or measured).
+    Supported: triton 3.6.x, a CUDA GPU of compute capability 9.0, fp16 / bf16, head dims 64,
+    72, 80, 96, 128 and 256 (:data:`VERIFIED_HEAD_DIMS`; the splits 64 + 0/16/32, 128 + 0,
+    256 + 0), causal or not, GQA, sinks, variable lengths. Not supported: sliding windows
+    (either side), fp32, other head dims (a tail beside a 128-wide block, 144-192, was never
+    compiled; 88, 112 and the like were not checked on the GPU).
     """
     why = gluon_available()
     if why:
@@ -119,6 +125,8 @@ def gluon_unsupported_shape(device: torch.device, dtype: torch.dtype, head_dim: 
     if main not in (64, 128, 256) or tail not in (0, 16, 32) or (main > 64 and tail):
         return (f"head dim {head_dim} (split {main}+{tail}): 64 + 0/16/32, 128 or 256 only "
                 f"(no tail beside a 128-wide block: not compiled or measured)")
+    if head_dim not in VERIFIED_HEAD_DIMS:
+        return f"head dim {head_dim}: not yet checked on the GPU (verified: {VERIFIED_HEAD_DIMS})"
     if main == 256 and c["BLOCK_N"] > 64:
         return "head dim 256 needs BLOCK_N 64 (registers)"
     if windowed:
