@@ -31,6 +31,12 @@ are never stored). Nothing is padded to the next power of two.
 - ``PINGPONG = 1`` (with ``PIPELINE``; FA3's inter-warpgroup overlap): the two groups take
   turns to issue their wgmmas (two mbarriers, ``turn``), so that one group's softmax runs
   while the other's wgmmas occupy the tensor cores.
+- ``P_SMEM = 1``: P reaches the P.V wgmmas through a shared tile per group instead of registers.
+
+With ``PIPELINE``, ptxas moved the P.V wait above the softmax (where nothing then overlapped);
+a shared-memory store of the row sums just before the wait keeps it below (``_step``). On the
+H200 none of the schedules moved the time by more than a few percent (benchmarks/NOTES.md, v5);
+the sm_90 table picks one per head-dim split.
 
 **Masks.** A group's key blocks are walked in two loops: the blocks every row of the group sees
 whole (no mask code at all), then the rest (the sequence end; causal: the diagonal), where
