@@ -3,7 +3,8 @@
 sweep that writes the encoder kernel's table (``benchmarks/prefill.py`` says how both measure).
 
     PYTHONPATH=. python3 benchmarks/benchmark_vit_prefill_attn.py --shape all --ceilings \
-        --json out.json
+        --json out.json   # P1-P8 and the causal C7/C8: the table's launch, the portable and
+                          # the Gluon kernel forced (mla-triton, mla-gluon), SDPA's backends
     PYTHONPATH=. python3 benchmarks/benchmark_vit_prefill_attn.py --seq 3520 --heads 16 \
         --head-dim 72 --bm 128 --bn 64 --nw 8 --ns 3
     PYTHONPATH=. python3 benchmarks/benchmark_vit_prefill_attn.py --sweep  # tables/<arch>.json
@@ -29,7 +30,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", nargs="+", default=None,
-                   help="P1 ... P8 (comma or space separated) or 'all'")
+                   help="P1 ... P8, C7, C8 (causal B4 S4096 at D 72 / 80; comma or space "
+                   "separated) or 'all'")
     p.add_argument("--seq", type=int, default=None, help="custom shape (default 3520)")
     p.add_argument("--heads", type=int, default=None, help="custom shape (default 16)")
     p.add_argument("--head-dim", type=int, default=None, help="custom shape (default 72)")
@@ -64,7 +66,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     unknown = set(args.backend.split(",")) - set(prefill.BACKENDS) - {"all"}
     if unknown:
         p.error(f"--backend: unknown {sorted(unknown)}; choose from {list(prefill.BACKENDS)}")
-    args.shape = cli.split_names(p, args.shape, list(PREFILL_SHAPES))
+    args.shape = cli.split_names(p, args.shape, list(PREFILL_SHAPES) + list(prefill.PREFILL_CAUSAL_SHAPES))
     if args.interpret and args.shape:
         p.error("--interpret runs a tiny shape on the CPU; the named shapes need a GPU")
     if args.dtype is None:
@@ -75,8 +77,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def shapes(args: argparse.Namespace) -> list[tuple]:
+    """``(name, B, S, H, D)`` per shape asked for (the C shapes run causal, every shape with
+    ``--causal``)."""
     if args.shape:
-        return [(n, *PREFILL_SHAPES[n]) for n in args.shape]
+        return [(n, *(PREFILL_SHAPES.get(n) or prefill.PREFILL_CAUSAL_SHAPES[n])) for n in args.shape]
     base = PREFILL_INTERPRET if args.interpret else (1, 3520, 16, 72)
     given = (args.batch, args.seq, args.heads, args.head_dim)
     return [("custom", *(g if g is not None else b for g, b in zip(given, base)))]
@@ -117,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ceilings = harness.ceilings(device, True, ANCHOR_CEILINGS) if args.ceilings else None
     rows = []
     for name, b, s, h, d in shapes(args):
-        row = prefill.bench_shape(name, b, s, h, d, args, overrides, device)
+        causal = args.causal or name in prefill.PREFILL_CAUSAL_SHAPES
+        row = prefill.bench_shape(name, b, s, h, d, args, overrides, device, causal)
         rows.append(row)
         print(json.dumps(row), flush=True)
     cli.finish(rows, prefill.TABLE_COLUMNS, args.json, command=command, env=env,

@@ -25,7 +25,13 @@ from benchmarks import compile_pool, harness
 from benchmarks.shapes import PREFILL_TARGET_RATIO, prefill_tflops
 
 SDPA_BACKENDS = ("default", "flash", "efficient", "cudnn")
-BACKENDS = ("mla",) + tuple(f"sdpa-{b}" for b in SDPA_BACKENDS)
+# "mla": the launch the table picks; "mla-triton" / "mla-gluon": the portable kernel / the sm_90
+# Gluon kernel forced through config={"family": ...} (the gluon one errors, and the row says
+# why, where that kernel cannot run the shape).
+MLA_BACKENDS = ("mla", "mla-triton", "mla-gluon")
+BACKENDS = MLA_BACKENDS + tuple(f"sdpa-{b}" for b in SDPA_BACKENDS)
+# Causal rows of the encoder benchmark (issue 15): name -> (batch, seq, heads, head_dim).
+PREFILL_CAUSAL_SHAPES = {"C7": (4, 4096, 16, 72), "C8": (4, 4096, 16, 80)}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 # --- the launch ---------------------------------------------------------------------------------
@@ -40,15 +46,23 @@ def make_inputs(batch, seq, heads, head_dim, dtype=torch.bfloat16, device="cuda"
     return q, k, v, o, b_start, b_len
 
 
+def family_config(backend: str, overrides: dict | None) -> dict | None:
+    """The ``config=`` of an ``mla*`` backend: the overrides, with the family it forces."""
+    if backend == "mla":
+        return overrides or None
+    return {**(overrides or {}), "family": backend[len("mla-"):]}
+
+
 def mla_fn(inputs, seq, causal, config: dict | None):
-    """``(fn, launch config)``: ``fn`` launches ``context_attention_kernel`` directly with the
-    launch ``context_attention_fwd`` would make (``config`` laid over the table's)."""
+    """``(fn, launch config)``: ``fn`` launches the kernel directly with the launch
+    ``context_attention_fwd`` would make (``config`` laid over the table's): the portable
+    ``context_attention_kernel``, or the Gluon kernel where the launch is of that family."""
     from mla_ops.prefill import launch as L
     from mla_ops.prefill.kernels import context_attention_kernel
 
     q, k, v, o, b_start, b_len = inputs
     lau = L.build_launch(q, k, v, o, b_start, b_len, seq, causal, config=config or None)
-    if lau.copied:  # views the compiler needs aligned: the copies are part of the launch
+    if lau.copied or lau.family == "gluon":  # aligned copies, or the Gluon launcher's descriptors
         return (lambda: L.run_launch(lau)), lau.config
     grid, kwargs = lau.grid, lau.kwargs
     if kwargs["USE_TMA"]:
@@ -91,19 +105,24 @@ def launch_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return ov
 
 
-def bench_shape(name, batch, seq, heads, head_dim, args, overrides, device) -> dict:
-    """One shape: ours and each SDPA backend timed, ours checked against the reference."""
+def bench_shape(name, batch, seq, heads, head_dim, args, overrides, device,
+                causal: bool | None = None) -> dict:
+    """One shape: ours (each ``mla*`` backend asked for) and each SDPA backend timed in the same
+    process, ours checked against the reference. ``causal`` defaults to ``args.causal``."""
+    causal = args.causal if causal is None else causal
     inputs = make_inputs(batch, seq, heads, head_dim, DTYPES[args.dtype], device)
-    row = {"shape": name, "B": batch, "S": seq, "H": heads, "D": head_dim, "causal": args.causal,
+    row = {"shape": name, "B": batch, "S": seq, "H": heads, "D": head_dim, "causal": causal,
            "dtype": args.dtype}
     backends = BACKENDS if args.backend == "all" else tuple(args.backend.split(","))
+    if device != "cuda":  # the interpreter cannot run Gluon
+        backends = tuple(be for be in backends if be != "mla-gluon")
     for be in backends:
         try:
-            if be == "mla":
-                fn, cfg = mla_fn(inputs, seq, args.causal, overrides)
-                row["config"] = cfg
+            if be in MLA_BACKENDS:
+                fn, cfg = mla_fn(inputs, seq, causal, family_config(be, overrides))
+                row["config" if be == "mla" else f"{be}_config"] = cfg
             else:
-                fn = sdpa_fn(inputs, batch, seq, args.causal, be[len("sdpa-"):])
+                fn = sdpa_fn(inputs, batch, seq, causal, be[len("sdpa-"):])
             fn()
             if device == "cuda":
                 torch.cuda.synchronize()
@@ -112,30 +131,40 @@ def bench_shape(name, batch, seq, heads, head_dim, args, overrides, device) -> d
             row[f"{be}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
             continue
         row[f"{be}_ms"] = ms
-        row[f"{be}_tflops"] = prefill_tflops(batch, seq, heads, head_dim, args.causal, ms)
+        row[f"{be}_tflops"] = prefill_tflops(batch, seq, heads, head_dim, causal, ms)
     sdpa = [row[f"{be}_ms"] for be in backends if be.startswith("sdpa") and f"{be}_ms" in row]
-    if sdpa and "mla_ms" in row:
+    if sdpa:
         row["sdpa_best_ms"] = min(sdpa)
-        row["ratio"] = min(sdpa) / row["mla_ms"]
-        row["target_ratio"] = PREFILL_TARGET_RATIO.get(head_dim)
-        row["meets_target"] = row["target_ratio"] is None or row["ratio"] >= row["target_ratio"]
+        for be in MLA_BACKENDS:
+            if f"{be}_ms" in row:
+                row["ratio" if be == "mla" else f"{be}_ratio"] = min(sdpa) / row[f"{be}_ms"]
+        if "mla_ms" in row:
+            row["target_ratio"] = PREFILL_TARGET_RATIO.get(head_dim)
+            row["meets_target"] = (row["target_ratio"] is None
+                                   or row["ratio"] >= row["target_ratio"])
     # Correctness beside the timing: a wrong fast kernel is not a result.
-    if "mla_ms" in row and seq <= 4096:
+    if seq <= 4096:
         from mla_ops.reference import context_attention_ref
 
         q, k, v, o, b_start, b_len = inputs
-        o.fill_(float("nan"))  # the output of this call, not a stale one
-        mla_fn(inputs, seq, args.causal, overrides)[0]()
+        ref = None
         n = min(seq, 512)  # check the first sequence's first 512 queries against all keys
-        ref = context_attention_ref(q[:seq], k[:seq], v[:seq], b_start[:1], b_len[:1],
-                                    args.causal, query_chunk=512)
-        row["max_abs_err"] = (o[:n].float() - ref[:n]).abs().max().item()
+        for be in MLA_BACKENDS:
+            if f"{be}_ms" not in row:
+                continue
+            if ref is None:
+                ref = context_attention_ref(q[:seq], k[:seq], v[:seq], b_start[:1], b_len[:1],
+                                            causal, query_chunk=512)
+            o.fill_(float("nan"))  # the output of this call, not a stale one
+            mla_fn(inputs, seq, causal, family_config(be, overrides))[0]()
+            key = "max_abs_err" if be == "mla" else f"{be}_max_abs_err"
+            row[key] = (o[:n].float() - ref[:n]).abs().max().item()
     del inputs
     return row
 
 
-TABLE_COLUMNS = (["shape", "B", "S", "D"] + [f"{be}_ms" for be in BACKENDS]
-                 + ["mla_tflops", "ratio", "target_ratio"])
+TABLE_COLUMNS = (["shape", "B", "S", "D", "causal"] + [f"{be}_ms" for be in BACKENDS]
+                 + ["mla_tflops", "ratio", "mla-triton_ratio", "mla-gluon_ratio", "target_ratio"])
 
 # --- the sweep ----------------------------------------------------------------------------------
 
@@ -239,12 +268,16 @@ def choose_rules(splits: dict, measurements: list[dict]) -> list[dict]:
 
 
 def table_with(rules: list[dict], arch: str, source: str, env: dict) -> str:
-    """The table text: ``rules``, then the rules of ``arch``'s table in force that match no
-    split ``rules`` measured; validated by the tuning module."""
+    """The table text: the Gluon-family rules of ``arch``'s table in force (the sweep times the
+    portable kernel only; they stay first, under the ``gluon`` fact), ``rules``, then the
+    portable rules in force that match no split ``rules`` measured; validated by the tuning
+    module."""
     from mla_ops import tuning
     from mla_ops.prefill.configs import KERNEL
 
     measured = {r["match"]["split"] for r in rules}
-    kept = [r for r in tuning.table(KERNEL.name, arch)["rules"]
-            if r.get("match", {}).get("split") not in measured]
-    return tuning.format_table(KERNEL.name, arch, rules + kept, source, env)
+    current = tuning.table(KERNEL.name, arch)["rules"]
+    gluon = [r for r in current if r["config"].get("family") == "gluon"]
+    kept = [r for r in current if r["config"].get("family", "triton") != "gluon"
+            and r.get("match", {}).get("split") not in measured]
+    return tuning.format_table(KERNEL.name, arch, gluon + rules + kept, source, env)

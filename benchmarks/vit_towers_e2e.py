@@ -9,12 +9,16 @@ Two towers with random weights, plain ``torch.nn``, bf16, each layer compiled on
   tokens per 896x896 image. Every layer runs full attention here (the real tower uses 112-px
   windows in 28 of its 32 layers), so this is the attention-heaviest variant of that shape.
 
-The same tower runs twice in one process, once with ``attn="mla"`` (packed [B*S, H, D] with
-q/k/v as strided views of the fused QKV projection, no copies) and once with ``attn="sdpa"``
-(SDPA's default backend on [B, H, S, D] views). Latency per image batch is the median of
-``do_bench`` over whole-tower forwards from patch embedding to the last layer.
+The same tower runs in one process with each attention asked for: ``attn="mla"`` (packed
+[B*S, H, D] with q/k/v as strided views of the fused QKV projection, no copies, through
+``torch.ops.mla.context_attention``: the launch the table picks), ``"mla-triton"`` /
+``"mla-gluon"`` (the same with the portable or the sm_90 Gluon kernel forced, through a custom op
+of this script that passes ``config={"family": ...}``, so the compiled layers stay one graph)
+and ``attn="sdpa"`` (SDPA's default backend on [B, H, S, D] views). Latency per image batch is
+the median of ``do_bench`` over whole-tower forwards from patch embedding to the last layer.
 
     PYTHONPATH=. python3 benchmarks/vit_towers_e2e.py --images 1,4 --json towers.json
+    PYTHONPATH=. python3 benchmarks/vit_towers_e2e.py --attn mla-gluon,mla-triton,sdpa
 
 ``--interpret`` runs two tiny layers (fp32, eager) on the CPU through the Triton interpreter.
 """
@@ -46,6 +50,22 @@ import torch.nn.functional as F  # noqa: E402
 PROG = "vit_towers_e2e.py"
 
 
+@torch.library.custom_op("mla_bench::context_attention_family", mutates_args=("o",))
+def _context_attention_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              o: torch.Tensor, b_start: torch.Tensor, b_len: torch.Tensor,
+                              max_len: int, family: str) -> None:
+    """``mla_ops.context_attention_fwd`` (non-causal) with the kernel family forced."""
+    import mla_ops
+
+    mla_ops.context_attention_fwd(q, k, v, o, b_start, b_len, max_len, False,
+                                  config={"family": family})
+
+
+@_context_attention_family.register_fake
+def _(q, k, v, o, b_start, b_len, max_len, family):
+    return None
+
+
 class Attention(nn.Module):
     def __init__(self, width, heads, attn):
         super().__init__()
@@ -56,11 +76,14 @@ class Attention(nn.Module):
     def forward(self, x, b_start, b_len):  # x [B, S, W]
         batch, seq, width = x.shape
         qkv = self.qkv(x)  # [B, S, 3*W]
-        if self.attn == "mla":
+        if self.attn.startswith("mla"):
             qkv = qkv.view(batch * seq, 3, self.heads, self.head_dim)
             q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [B*S, H, D] strided views
             o = torch.empty_like(q, memory_format=torch.contiguous_format)
-            torch.ops.mla.context_attention(q, k, v, o, b_start, b_len, seq, False)
+            if self.attn == "mla":
+                torch.ops.mla.context_attention(q, k, v, o, b_start, b_len, seq, False)
+            else:  # "mla-triton" / "mla-gluon"
+                _context_attention_family(q, k, v, o, b_start, b_len, seq, self.attn[len("mla-"):])
             o = o.view(batch, seq, width)
         else:
             qkv = qkv.view(batch, seq, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -140,10 +163,13 @@ def run_tower(name, images, attn_impls, compile_layers=True, rep_ms=300, device=
         del tower
         if device == "cuda":
             torch.cuda.empty_cache()
-    if "mla" in outs and "sdpa" in outs:
-        row["speedup"] = row["sdpa_ms"] / row["mla_ms"]
-        a, b = outs["mla"], outs["sdpa"]
-        row["rel_err"] = ((a - b).norm() / b.norm()).item()
+    if "sdpa" in outs:
+        b = outs["sdpa"]
+        for attn in outs:
+            if attn.startswith("mla"):
+                tag = "" if attn == "mla" else f"_{attn}"
+                row[f"speedup{tag}"] = row["sdpa_ms"] / row[f"{attn}_ms"]
+                row[f"rel_err{tag}"] = ((outs[attn] - b).norm() / b.norm()).item()
     return row
 
 
@@ -153,7 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--towers", default="siglip,qwen2.5-vl")
     p.add_argument("--images", default="1,4", help="image batch sizes, comma-separated")
-    p.add_argument("--attn", default="mla,sdpa")
+    p.add_argument("--attn", default="mla,sdpa",
+                   help="comma-separated of mla (the table's launch), mla-triton, mla-gluon "
+                   "(a kernel family forced), sdpa")
     p.add_argument("--eager", action="store_true", help="skip torch.compile")
     p.add_argument("--rep-ms", type=int, default=300)
     cli.add_common(p)
@@ -181,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
             if args.json:  # after every row: a run cut short still leaves what it measured
                 results.write_json(args.json, rows, command=command, env=env)
-    cli.finish(rows, ["tower", "images", "mla_ms", "sdpa_ms", "speedup", "mla_ms_per_image",
+    cli.finish(rows, ["tower", "images", "mla_ms", "mla-triton_ms", "mla-gluon_ms", "sdpa_ms",
+                      "speedup", "speedup_mla-triton", "speedup_mla-gluon", "mla_ms_per_image",
                       "sdpa_ms_per_image", "rel_err"], None, command=command, env=env)
     return 0
 

@@ -566,7 +566,12 @@ def test_prefill_arguments():
     assert benchmark_vit_prefill_attn.shapes(a)[0] == ("P2", 1, 3520, 16, 72)
     a = benchmark_vit_prefill_attn.parse_args(["--seq", "100", "--head-dim", "80"])
     assert benchmark_vit_prefill_attn.shapes(a) == [("custom", 1, 100, 16, 80)]
-    assert len(benchmark_vit_prefill_attn.parse_args(["--shape", "all"]).shape) == 8
+    assert len(benchmark_vit_prefill_attn.parse_args(["--shape", "all"]).shape) == 10
+    a = benchmark_vit_prefill_attn.parse_args(["--shape", "C7", "--backend", "mla-gluon,mla-triton"])
+    assert benchmark_vit_prefill_attn.shapes(a) == [("C7", 4, 4096, 16, 72)]
+    assert a.backend == "mla-gluon,mla-triton"
+    assert prefill.family_config("mla-gluon", {"BLOCK_N": 64}) == {"BLOCK_N": 64, "family": "gluon"}
+    assert prefill.family_config("mla", {}) is None
     for bad in (["--shape", "P9"], ["--backend", "sdpa-magic"], ["--interpret", "--shape", "P1"]):
         with pytest.raises(SystemExit):
             benchmark_vit_prefill_attn.parse_args(bad)
@@ -587,16 +592,21 @@ def test_prefill_direct_launch_is_the_api_launch(device):
 def test_prefill_interpret_run_and_sweep(tmp_path):
     out, table, log = tmp_path / "p.json", tmp_path / "t.json", tmp_path / "log.json"
     main = benchmark_vit_prefill_attn.main
-    assert main(["--interpret", "--backend", "mla,sdpa-default", "--json", str(out)]) == 0
+    assert main(["--interpret", "--backend", "mla,mla-triton,mla-gluon,sdpa-default", "--json",
+                 str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["max_abs_err"] < 1e-2 and row["ratio"] == pytest.approx(
         row["sdpa-default_ms"] / row["mla_ms"])
+    # The portable family forced beside the table's launch; Gluon is skipped by the interpreter.
+    assert row["mla-triton_max_abs_err"] < 1e-2 and "mla-gluon_ms" not in row
     assert row["target_ratio"] == 1.2 and row["config"]["BLOCK_D_TAIL"] == 16
     assert main(["--interpret", "--sweep", "--table-out", str(table), "--log", str(log)]) == 0
     text = table.read_text()
     rules = json.loads(text)["rules"]
     assert rules[0]["match"] == {"split": "64+16"} and rules[0]["points"][0]["head_dim"] == 72
-    assert rules[1:] == tuning.table("prefill", platform.current().arch)["rules"]
+    current = tuning.table("prefill", platform.current().arch)["rules"]
+    gluon = [r for r in current if r["config"].get("family") == "gluon"]
+    assert rules == gluon + rules[len(gluon):len(gluon) + 1] + [r for r in current if r not in gluon]
     assert len(json.loads(log.read_text())["rows"]) == 2
 
 
@@ -617,15 +627,20 @@ def test_prefill_sweep_rules_and_the_table_they_make():
     text = prefill.table_with(rules, "sm_90", "test", {})
     table = json.loads(text)
     committed = tuning.table("prefill", "sm_90")["rules"]
-    kept = [r for r in committed if r.get("match", {}).get("split") not in ("64+16", "128+0")]
-    assert table["rules"] == rules + kept and len(kept) == len(committed) - 2
+    gluon = [r for r in committed if r["config"].get("family") == "gluon"]
+    kept = [r for r in committed if r not in gluon
+            and r.get("match", {}).get("split") not in ("64+16", "128+0")]
+    # The Gluon rules (not swept) stay first; the swept splits' portable rules are replaced.
+    assert gluon and table["rules"] == gluon + rules + kept
+    assert len(kept) == len(committed) - len(gluon) - 2
     kernel = tuning.KERNELS["prefill"]
     kernel.builtin["bench-test"] = json.loads(text)
     tuning.table.cache_clear()
     try:
-        facts = {"head_dim": 80, "split": "64+16", "aligned": True, "causal": False}
+        facts = {"head_dim": 80, "split": "64+16", "aligned": True, "causal": False, "gluon": False}
         assert tuning.select("prefill", facts, arch="bench-test")["BLOCK_M"] == 128
-        facts = {"head_dim": 256, "split": "256+0", "aligned": True, "causal": False}
+        facts = {"head_dim": 256, "split": "256+0", "aligned": True, "causal": False,
+                 "gluon": False}
         assert tuning.select("prefill", facts, arch="bench-test")["BLOCK_N"] == 32
     finally:
         del kernel.builtin["bench-test"]
@@ -635,11 +650,14 @@ def test_prefill_sweep_rules_and_the_table_they_make():
 def test_towers_interpret_run(tmp_path):
     out = tmp_path / "t.json"
     assert vit_towers_e2e.main(["--interpret", "--towers", "qwen2.5-vl", "--images", "2",
-                                "--json", str(out)]) == 0
+                                "--attn", "mla,mla-triton,sdpa", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["tower"] == "qwen2.5-vl" and row["images"] == 2
     assert row["rel_err"] < 1e-4 and row["speedup"] == pytest.approx(
         row["sdpa_ms"] / row["mla_ms"])
+    # The portable family forced through the script's custom op: the same answers.
+    assert row["rel_err_mla-triton"] < 1e-4 and row["speedup_mla-triton"] == pytest.approx(
+        row["sdpa_ms"] / row["mla-triton_ms"])
 
 
 # --- the scripts as commands ----------------------------------------------------------------------

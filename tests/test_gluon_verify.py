@@ -15,19 +15,16 @@ at most ``TOL_K`` times the error of plain PyTorch computing in bf16.
 from __future__ import annotations
 
 import math
-import os
-import re
-import subprocess
-import tempfile
 
 import pytest
 import torch
-import triton
 
 from mla_ops.decode_verify import gluon_launch as gla
 from mla_ops.decode_verify import kernels  # noqa: F401
 from mla_ops.decode_verify import launch
 from mla_ops.reference import decode_verify_ref
+
+from gluon_offline import compile_sm90a, ptxas_facts, run_in_subprocess, tensordesc
 
 SM_SCALE = 0.1352
 LK, LV = 576, 512
@@ -67,20 +64,14 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
              cp: bool = False):
     """The sm_90a cubin of one launch variant and ptxas's report: (kernel, ptxas stderr).
     ``cp``: a context-parallel rank's kernel (2 ranks, interleave 64; the rank a runtime int)."""
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     from mla_ops.decode_verify import gluon_kernels as gk
 
-    def desc(block, name, gdt):
-        layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
-        return f"tensordesc<{name}[{', '.join(map(str, block))}],{layout!r}>"
-
     head_box = min(num_heads, 64)
     kname, kdt = ("fp8e4nv", gl.float8e4nv) if fp8 else ("bf16", gl.bfloat16)
-    sig = {"q_desc": desc([64 // head_box, head_box, 64], "bf16", gl.bfloat16),
-           "k_desc": desc([1, cfg["BLOCK_N"], 64], kname, kdt), "qk_scale": "fp32",
+    sig = {"q_desc": tensordesc([64 // head_box, head_box, 64], "bf16", gl.bfloat16),
+           "k_desc": tensordesc([1, cfg["BLOCK_N"], 64], kname, kdt), "qk_scale": "fp32",
            "Req_to_Token": "*i32", "Seq_Lens": "*i32", "Real_Lens": "*i32", "Mid": "*fp32",
            "O": "*bf16", "Lse": "*fp32", "K_Scale": "*fp32"}
     for name in ("stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
@@ -96,21 +87,10 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs.update(CP_WORLD=2, CP_INTERLEAVE=64)
     else:
         constexprs.update(cp_rank=None, CP_WORLD=1, CP_INTERLEAVE=1)
-    sig.update({k: "constexpr" for k in constexprs})
     fn = gk._verify_stage1_alt if schedule.startswith("alt") else gk._verify_stage1_ws
     if schedule == "alt-qkfirst":
         constexprs["QK_FIRST"] = True
-        sig["QK_FIRST"] = "constexpr"
-    kernel = triton.compile(GluonASTSource(fn, sig, constexprs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(kernel.asm["ptx"])
-        report = subprocess.run([ptxas, "-v", "-arch=sm_90a", path, "-o", os.path.join(d, "k.cubin")],
-                                capture_output=True, text=True, check=True).stderr
-    return kernel, report
+    return compile_sm90a(fn, sig, constexprs, cfg["num_warps"])
 
 
 # (config, H, schedule, fp8, one split, context parallel). H16 and H128 differ only in the Q box
@@ -130,16 +110,7 @@ def _report(name, num_heads, schedule, fp8, single, cp) -> dict:
     kernel, report = _compile(cfg, num_heads, fp8, single, schedule, cp)
     # (QK_FIRST: ptxas waits for the in-flight score wgmmas before the O rescale: warning C7517,
     # an injected wait, not a serialization of the wgmmas.)
-    ptx = kernel.asm["ptx"]
-    return {
-        "regs": int(re.search(r"Used (\d+) registers", report).group(1)),
-        "spills": int(re.search(r"(\d+) bytes spill stores", report).group(1)),
-        "serialized": "serialized" in report,
-        "shared": kernel.metadata.shared,
-        "wgmma": "wgmma.mma_async" in ptx,
-        "tma": "cp.async.bulk.tensor" in ptx,
-        "setmaxnreg": sorted({int(v) for v in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}),
-    }
+    return ptxas_facts(kernel, report)
 
 
 def _compile_all_main() -> None:  # run in a subprocess (see offline_reports)
@@ -159,15 +130,7 @@ def offline_reports():
     rejected the standalone ptxas call with status 255 while its own launches compiled)."""
     if torch.cuda.is_available():
         pytest.skip("offline sm_90a compiles are the CPU CI's check; the GPU runs the kernels")
-    import json
-    import sys
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", "import tests.test_gluon_verify as t; t._compile_all_main()"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return {tuple(k): r for k, r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("["))}
+    return {tuple(k): r for k, r in run_in_subprocess("tests.test_gluon_verify", "_compile_all_main", 600)}
 
 
 # Spill bytes ptxas reports per kernel: scalars spilled once outside the block loop (checked

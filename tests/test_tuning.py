@@ -31,7 +31,8 @@ def test_compiler_workarounds_were_checked_on_this_triton():
 
 def _launches(kernel):
     """The facts of every launch shape a serving engine can make (decode: heads, qlen, batch,
-    cache, family available; encoder: head dims 16..256, aligned or not, causal or not)."""
+    cache, family available; encoder: head dims 16..256, aligned or not, causal or not, Gluon
+    family available or not)."""
     if kernel == "decode_verify":
         for heads in (1, 2, 4, 8, 16, 20, 32, 64, 128, 256):
             for qlen in range(1, 17):
@@ -47,7 +48,8 @@ def _launches(kernel):
         for d in range(16, 257):
             for aligned in (False, True):
                 for causal in (False, True):
-                    yield prefill_facts(d, head_dim_split(d), aligned, causal)
+                    for gluon in (False, True):
+                        yield prefill_facts(d, head_dim_split(d), aligned, causal, gluon)
 
 
 @pytest.mark.parametrize("kernel,arch", KERNEL_ARCHS, ids=[f"{k}-{a}" for k, a in KERNEL_ARCHS])

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import triton
 
-GLUON_TRITON_VERSIONS = ("3.6",)  # the Gluon API this code is written for
+from ..gluon_support import GLUON_TRITON_VERSIONS, sm90_reason
+from ..gluon_support import gluon_available as _api_available
 
 __all__ = [
     "GLUON_TRITON_VERSIONS",
@@ -83,25 +84,23 @@ def gluon_recommended_config(num_heads: int, qlen: int, fp8: bool) -> dict[str, 
 _LOG2E = 1.4426950408889634
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
 
-try:  # the Gluon API of triton 3.6
+try:  # the Gluon API of triton 3.6 (gluon_support says why not, where it does not import)
     from triton.experimental.gluon import language as _gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonTensorDescriptor
 
     from . import gluon_kernels as _gk
-
-    _IMPORT_ERROR = None
 except Exception as e:  # pragma: no cover - depends on the installed triton
     _gl = _GluonTensorDescriptor = _gk = None
-    _IMPORT_ERROR = f"{type(e).__name__}: {e}"
+    _KERNELS_ERROR = f"{type(e).__name__}: {e}"
+else:
+    _KERNELS_ERROR = None
 
 
 def gluon_available() -> str | None:
-    """None if this triton has the Gluon API this code is written for, else why not."""
-    if not triton.__version__.startswith(GLUON_TRITON_VERSIONS):
-        return f"triton {triton.__version__} (the Gluon kernel is written for {GLUON_TRITON_VERSIONS})"
-    if _IMPORT_ERROR is not None:
-        return f"triton.experimental.gluon does not import: {_IMPORT_ERROR}"
-    return None
+    """None if this triton has the Gluon API this code is written for and the kernels import,
+    else why not."""
+    return _api_available() or (f"gluon_kernels does not import: {_KERNELS_ERROR}"
+                                if _KERNELS_ERROR else None)
 
 
 def _cache_geometry(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int, int]:
@@ -146,12 +145,9 @@ def gluon_unsupported_shape(device: torch.device, q_dtype: torch.dtype, kv_dtype
         return f"SCHEDULE {c['SCHEDULE']!r}: 'alt' or 'redundant'"
     if c["SCHEDULE"] == "alt" and c["NUM_STAGES"] != 2 and kv_dtype == torch.bfloat16:
         return "SCHEDULE 'alt' is written for NUM_STAGES 2"
-    if device.type != "cuda":
-        return "not a CUDA tensor"
-    if torch.version.hip is not None:
-        return "HIP: the Gluon kernel is NVIDIA sm_90 only"
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        return f"compute capability {torch.cuda.get_device_capability(device)}: sm_90 only (wgmma)"
+    why = sm90_reason(device)
+    if why:
+        return why
     if q_dtype != torch.bfloat16:
         return f"q dtype {q_dtype}: bf16 only"
     if kv_dtype not in (torch.bfloat16, torch.float8_e4m3fn):

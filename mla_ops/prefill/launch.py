@@ -2,9 +2,10 @@
 
 ``context_attention_fwd`` validates its arguments (the op's spec, :mod:`mla_ops.spec`), works
 out the launch facts once (the head-dim split, whether every stride allows the alignment hint),
-asks the architecture's table (``configs.py``, through :mod:`mla_ops.tuning`) for the tile,
-with ``config=`` laid over it, and launches ``kernels.context_attention_kernel`` under the
-device of ``q``. :func:`build_launch` returns that launch without running it, so tests can
+asks the architecture's table (``configs.py``, through :mod:`mla_ops.tuning`) for the kernel
+family and its tile, with ``config=`` laid over it, and launches the portable
+``kernels.context_attention_kernel`` or, where the table picks the ``gluon`` family (sm_90),
+``gluon_kernels.prefill_fwd_ws`` (``gluon_launch.py``) under the device of ``q``. :func:`build_launch` returns that launch without running it, so tests can
 assert every architecture's choice on any machine.
 """
 
@@ -21,6 +22,12 @@ from .. import checked, spec, tuning
 from ..decode_verify.launch import device_guard
 from ..platform import current
 from .configs import select_prefill_config
+from .gluon_launch import (
+    GLUON_DEFAULT_CONFIG,
+    gluon_unsupported_reason,
+    gluon_unsupported_shape,
+    launch_prefill_gluon,
+)
 from .kernels import context_attention_kernel
 
 __all__ = [
@@ -73,10 +80,14 @@ class Launch:
     kwargs: dict
     copied: bool = False  # q/k/v/o are aligned copies of unaligned views (see build_launch)
     out: torch.Tensor | None = None  # the caller's o, written back from the copy
+    family: str = "triton"  # "gluon": kwargs are launch_prefill_gluon's
 
     @property
     def config(self) -> dict:
         """The tuning-relevant part, as the tests' expect tables print it."""
+        if self.family == "gluon":
+            return {"family": "gluon", "BLOCK_D": self.kwargs["split"][0],
+                    "BLOCK_D_TAIL": self.kwargs["split"][1], **self.kwargs["cfg"]}
         keys = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_D_TAIL", "HEAD_STRIDE_ALIGNED_8",
                 "USE_TMA", "num_warps", "num_stages", "waves_per_eu")
         return {k: self.kwargs[k] for k in keys if k in self.kwargs} | (
@@ -106,9 +117,30 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
         q, k, v, o = (_aligned_view(t) for t in (q, k, v, o))
         strides_ok = True
     aligned = strides_ok and want.get("aligned", True)
-    cfg = select_prefill_config(head_dim, split, aligned, is_causal, config)
+    windowed = bool(sliding_window_q) or bool(sliding_window_k)
+    gluon = strides_ok and gluon_unsupported_shape(q.device, q.dtype, head_dim, split,
+                                                   windowed) is None
+    if gluon and config and (config.get("family") == "triton" or "family" not in config
+                             and not set(config) <= set(GLUON_DEFAULT_CONFIG)):
+        gluon = False  # the portable family asked for, or its keys overridden: its table rule
+    cfg = select_prefill_config(head_dim, split, aligned, is_causal, config, gluon=gluon)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
+    if cfg["family"] == "gluon":
+        why = gluon_unsupported_reason(q, k, v, o, split, windowed, cfg)
+        if why and config and config.get("family") == "gluon":
+            raise ValueError(f"config: the gluon family cannot run this launch: {why}")
+        if not why:
+            kwargs = dict(q=q, k=k, v=v, o=o, b_start_loc=b_start_loc, b_seq_len=b_seq_len,
+                          max_input_len=max_input_len, is_causal=bool(is_causal),
+                          qk_scale=float(softmax_scale) * _LOG2E, sinks=sinks, split=split,
+                          cfg={key: cfg[key] for key in GLUON_DEFAULT_CONFIG})
+            grid = (triton.cdiv(max_input_len, cfg["BLOCK_M"]), q.shape[1], batch)
+            return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied,
+                          family="gluon")
+        # What only the tensors show (a base pointer off 16 bytes): the portable kernel.
+        cfg = select_prefill_config(head_dim, split, aligned, is_causal,
+                                    {**(config or {}), "family": "triton"})
     kwargs = dict(
         Q=q, K=k, V=v, O=o, Sinks=sinks if sinks is not None else q,
         B_Start_Loc=b_start_loc, B_Seq_Len=b_seq_len,
@@ -149,6 +181,15 @@ def _aligned_view(t: torch.Tensor) -> torch.Tensor:
 
 def run_launch(launch: Launch) -> None:
     """Run a launch made by :func:`build_launch` (under the device of its tensors)."""
+    if launch.family == "gluon":
+        q = launch.kwargs["q"]
+        if min(launch.grid) == 0 or q.shape[0] == 0:
+            return
+        with device_guard(q.device):
+            launch_prefill_gluon(**launch.kwargs)
+            if launch.out is not None:
+                launch.out.copy_(launch.kwargs["o"])
+        return
     q = launch.kwargs["Q"]
     if min(launch.grid) == 0 or q.shape[0] == 0:
         return

@@ -1,0 +1,46 @@
+"""What every Gluon (sm_90) kernel family of the package checks on the host, in one place: the
+triton version the Gluon code is written for, whether its API imports, and whether a device
+is a CUDA GPU of compute capability 9.0.
+
+The kernel families (``decode_verify.gluon_launch``, ``prefill.gluon_launch``) add their own
+shape and dtype rules on top and route what they do not cover to the portable kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+__all__ = ["GLUON_TRITON_VERSIONS", "gluon_available", "sm90_reason", "TensorDescriptor", "gl"]
+
+GLUON_TRITON_VERSIONS = ("3.6",)  # the Gluon API this code is written for
+
+try:  # the Gluon API of triton 3.6
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _IMPORT_ERROR = None
+except Exception as e:  # pragma: no cover - depends on the installed triton
+    gl = TensorDescriptor = None
+    _IMPORT_ERROR = f"{type(e).__name__}: {e}"
+
+
+def gluon_available() -> str | None:
+    """None if this triton has the Gluon API this code is written for, else why not."""
+    if not triton.__version__.startswith(GLUON_TRITON_VERSIONS):
+        return f"triton {triton.__version__} (the Gluon kernels are written for {GLUON_TRITON_VERSIONS})"
+    if _IMPORT_ERROR is not None:
+        return f"triton.experimental.gluon does not import: {_IMPORT_ERROR}"
+    return None
+
+
+def sm90_reason(device: torch.device) -> str | None:
+    """None for a CUDA device of compute capability 9.0 (wgmma, TMA, setmaxnreg), else why not."""
+    if device.type != "cuda":
+        return "not a CUDA tensor"
+    if torch.version.hip is not None:
+        return "HIP: the Gluon kernels are NVIDIA sm_90 only"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return f"compute capability {cap}: sm_90 only (wgmma)"
+    return None

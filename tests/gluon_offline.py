@@ -1,0 +1,72 @@
+"""Offline sm_90a compiles of Gluon kernels, shared by the Gluon test modules (CPU CI).
+
+``compile_sm90a`` compiles a ``@gluon.jit`` function for ``GPUTarget("cuda", 90, 32)`` from a
+signature and constexprs (no GPU, no launch) and runs the ptxas that triton ships on its PTX;
+``ptxas_facts`` reads what the tests assert from the result: registers, spill bytes, whether
+ptxas serialized the wgmmas, shared memory, wgmma / TMA present, the setmaxnreg values.
+``run_in_subprocess`` runs a module's compile loop outside ``TRITON_INTERPRET`` (the suite runs
+under the interpreter on CPU machines, and Gluon only compiles outside it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+
+
+def tensordesc(block, dtype_name: str, gdt) -> str:
+    """The signature string of a host TMA descriptor with boxes ``block`` of ``gdt``."""
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
+    return f"tensordesc<{dtype_name}[{', '.join(map(str, block))}],{layout!r}>"
+
+
+def compile_sm90a(fn, signature: dict, constexprs: dict, num_warps: int):
+    """``(kernel, ptxas -v stderr)`` of ``fn`` compiled for sm_90a."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = dict(signature)
+    sig.update({k: "constexpr" for k in constexprs})
+    kernel = triton.compile(GluonASTSource(fn, sig, constexprs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(kernel.asm["ptx"])
+        report = subprocess.run([ptxas, "-v", "-arch=sm_90a", path, "-o", os.path.join(d, "k.cubin")],
+                                capture_output=True, text=True, check=True).stderr
+    return kernel, report
+
+
+def ptxas_facts(kernel, report: str) -> dict:
+    ptx = kernel.asm["ptx"]
+    return {
+        "regs": int(re.search(r"Used (\d+) registers", report).group(1)),
+        "spills": int(re.search(r"(\d+) bytes spill stores", report).group(1)),
+        "serialized": "serialized" in report,
+        "shared": kernel.metadata.shared,
+        "wgmma": "wgmma.mma_async" in ptx,
+        "tma": "cp.async.bulk.tensor" in ptx,
+        "setmaxnreg": sorted({int(v) for v in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+    }
+
+
+def run_in_subprocess(module: str, func: str, timeout: int = 900) -> list:
+    """Run ``module.func()`` (which prints one JSON line per variant, starting with ``[``) in a
+    subprocess without TRITON_INTERPRET; returns the parsed lines."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests"), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", f"import {module} as t; t.{func}()"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("[")]
