@@ -89,8 +89,6 @@ inline void cat_one(std::string& s, const char* x) { s += x; }
 inline void cat_one(std::string& s, const std::string& x) { s += x; }
 inline void cat_one(std::string& s, const SymInt& x) { s += sym_str(x); }
 inline void cat_one(std::string& s, int64_t x) { s += std::to_string(x); }
-inline void cat_one(std::string& s, int x) { s += std::to_string(x); }
-inline void cat_one(std::string& s, size_t x) { s += std::to_string(x); }
 inline void cat_one(std::string& s, double x) { s += py_float(x); }
 inline void cat_one(std::string& s, const c10::Device& d) { s += d.str(); }
 inline void cat_one(std::string& s, const std::vector<SymInt>& xs) { s += tuple_str(xs); }
@@ -128,16 +126,13 @@ std::string cat(const Args&... args) {
 
 // --- the helpers the spec's expressions call (mla_ops.spec._CPP_CALLS) ---------------------
 
-std::vector<SymInt> sizes_of(const at::Tensor& t) {
-  auto s = t.sym_sizes();
-  return {s.begin(), s.end()};
-}
+// Shapes and strides as tuples: compared, or printed by cat() as Python prints a tuple.
+std::vector<SymInt> sizes_of(const at::Tensor& t) { return t.sym_sizes().vec(); }
+std::vector<SymInt> strides_of(const at::Tensor& t) { return t.sym_strides().vec(); }
 std::vector<SymInt> lead_sizes(const at::Tensor& t) {
   auto s = t.sym_sizes();
   return {s.begin(), s.end() - 1};
 }
-std::string shape_str(const at::Tensor& t) { return tuple_str(t.sym_sizes()); }
-std::string strides_str(const at::Tensor& t) { return tuple_str(t.sym_strides()); }
 int64_t list_len(at::IntArrayRef xs) { return static_cast<int64_t>(xs.size()); }
 
 bool is_pow2(const SymInt& n) {
