@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from benchmarks import compile_pool, harness
+from benchmarks import cli, compile_pool, harness
 from benchmarks.shapes import (
     LK,
     LV,
@@ -62,7 +62,7 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--family", choices=("table", "triton", "gluon"), default="table",
                    help="kernel family: the table's choice (default), or one named (passed as "
                    "config={'family': ...}; a family this mla_ops does not have is an error)")
-    g.add_argument("--splits", type=int, help="num_kv_splits (default: verify_num_kv_splits "
+    g.add_argument("--splits", type=cli.positive, help="num_kv_splits (default: verify_num_kv_splits "
                    "with the BLOCK_H and SPLIT_WORK of the config in use)")
     for flag, (_key, text) in KNOBS.items():
         g.add_argument(flag, type=int, help=text)
@@ -296,27 +296,13 @@ def specs_by_key(specs: list[dict]) -> dict[tuple, dict]:
 
 
 def compile_job(spec: dict) -> None:
-    """One launch variant on scratch tensors (one request, page 0 everywhere): batch and the
-    split count are not specialized on."""
-    api = load_api()
-    dev = spec["device"]
-    act = DTYPES[spec["act"]]
-    H, qlen, page = spec["H"], spec["qlen"], spec["page_size"]
-    pages = math.ceil(spec["L"] / page)
-    kv = torch.zeros(1, page, 1, LK, device=dev, dtype=act)
-    if spec["fp8"]:
-        kv = kv.to(torch.float8_e4m3fn)
-    k_scale = torch.ones((), dtype=torch.float32, device=dev) if spec["fp8"] else None
-    q = torch.zeros(qlen, H, LK, device=dev, dtype=act)
-    o = torch.empty(qlen, H, LV, device=dev, dtype=act)
-    lse = torch.empty(qlen, H, device=dev, dtype=torch.float32)
-    rtt = torch.zeros(1, pages, dtype=torch.int32, device=dev)
-    seq = torch.full((1,), min(spec["L"], 4 * page), dtype=torch.int32, device=dev)
-    s = spec["splits"]
-    ws = None if s == 1 else torch.empty(qlen, H, s, LV + 1, device=dev, dtype=torch.float32)
-    kw = {"config": spec["config"]} if spec["config"] else {}
-    api.decode_attention_fwd_verify(q, kv, kv[..., :LV], o, lse, rtt, seq, None, qlen, ws, s,
-                                    DEFAULT_SM_SCALE, page, k_scale, **kw)
+    """One launch variant on one request whose lengths stop after four pages: batch, lengths
+    and the split count are not specialized on, the block table's width is."""
+    case = Case(spec["H"], spec["qlen"], 1, spec["L"], spec["fp8"], spec["page_size"])
+    inp = make_inputs(case, spec["device"], DTYPES[spec["act"]])
+    inp.seq_lens.clamp_(max=4 * case.page_size)
+    make_call(load_api(), inp, case.qlen, spec["splits"], DEFAULT_SM_SCALE, case.page_size,
+              spec["config"] or None, kv_index=0)()
 
 
 # --- FlashMLA beside ours (never a dependency) ---------------------------------------------------
