@@ -73,6 +73,11 @@ def let(name, expr) -> Rule:
     return Rule("let", expr, name=name)
 
 
+def dims(x, *names) -> list[Rule]:
+    """Binds ``names[i] = x.shape[i]``."""
+    return [let(n, f"{x}.shape[{i}]") for i, n in enumerate(names)]
+
+
 def each(over, name, cond, msg, exc="ValueError") -> Rule:
     return Rule("each", cond, exc, msg, name=name, over=over)
 
@@ -227,8 +232,7 @@ DECODE_VERIFY = OpSpec(
               "q: expected head dim Lk={Lk} (k_buffer.shape[-1]), got shape {shape(q)}"),
         inner_contiguous("q"),
         at_least("qlen", 1),
-        let("rows", "q.shape[0]"),
-        let("heads", "q.shape[1]"),
+        dims("q", "rows", "heads"),
         check("rows % qlen == 0",
               "qlen: q has {rows} rows, not a multiple of qlen={qlen} (rows are [B*qlen, ...])"),
         let("batch", "rows // qlen"),
@@ -309,9 +313,7 @@ CONTEXT_ATTENTION = OpSpec(
         tensor("k", 3, "q.dtype"),
         tensor("v", 3, "q.dtype"),
         tensor("o", 3, "q.dtype"),
-        let("total", "q.shape[0]"),
-        let("hq", "q.shape[1]"),
-        let("d", "q.shape[2]"),
+        dims("q", "total", "hq", "d"),
         check(f"{PREFILL_D[0]} <= d and d <= {PREFILL_D[1]}",
               f"q: expected a head dim in [{PREFILL_D[0]}, {PREFILL_D[1]}], got shape {{shape(q)}}"),
         check("k.shape[2] == d", "k: expected head dim {d} (q.shape[2]), got shape {shape(k)}"),
@@ -354,10 +356,7 @@ MERGE_ATTN_STATES = OpSpec(
         check("o_parts.dtype == o.dtype or o_parts.dtype in F32",
               "o_parts: expected the dtype of o ({dtype(o.dtype)}) or float32, got "
               "{dtype(o_parts.dtype)}", "TypeError"),
-        let("parts", "o_parts.shape[0]"),
-        let("rows", "o_parts.shape[1]"),
-        let("heads", "o_parts.shape[2]"),
-        let("dim", "o_parts.shape[3]"),
+        dims("o_parts", "parts", "rows", "heads", "dim"),
         check("parts >= 1", "o_parts: expected at least one partial (shape[0] >= 1), got shape "
               "{shape(o_parts)}"),
         shape("o", "rows", "heads", "dim"),
@@ -378,9 +377,7 @@ RESCALE_ATTN_PARTIAL = OpSpec(
     "-> ()",
     _rules(
         tensor("o_part", 3, "ACT"),
-        let("rows", "o_part.shape[0]"),
-        let("heads", "o_part.shape[1]"),
-        let("dim", "o_part.shape[2]"),
+        dims("o_part", "rows", "heads", "dim"),
         tensor("lse_parts", 3, "F32"),
         let("parts", "lse_parts.shape[0]"),
         check("parts >= 1", "lse_parts: expected at least one partial (shape[0] >= 1), got "
