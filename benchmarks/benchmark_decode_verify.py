@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--heads", nargs="+", type=cli.positive, help="grid: query heads H")
     g.add_argument("--qlen", nargs="+", type=cli.positive, help="grid: verify tokens per request")
     g.add_argument("--batch", nargs="+", type=cli.positive, help="grid: requests B")
-    g.add_argument("--seq-len", nargs="+", type=cli.positive, help="grid: KV length L of every request")
+    g.add_argument("--seq-len", nargs="+", type=cli.positive,
+                   help="grid: KV length L of every request")
     g.add_argument("--fp8", action="store_true", help="grid: fp8 (e4m3fn) cache with k_scale")
     g.add_argument("--page-size", type=cli.positive, default=None,
                    help=f"tokens per cache page (default {DEFAULT_PAGE_SIZE})")

@@ -62,8 +62,9 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--family", choices=("table", "triton", "gluon"), default="table",
                    help="kernel family: the table's choice (default), or one named (passed as "
                    "config={'family': ...}; a family this mla_ops does not have is an error)")
-    g.add_argument("--splits", type=cli.positive, help="num_kv_splits (default: verify_num_kv_splits "
-                   "with the BLOCK_H and SPLIT_WORK of the config in use)")
+    g.add_argument("--splits", type=cli.positive,
+                   help="num_kv_splits (default: verify_num_kv_splits with the BLOCK_H and "
+                   "SPLIT_WORK of the config in use)")
     for flag, (_key, text) in KNOBS.items():
         g.add_argument(flag, type=int, help=text)
 
@@ -203,17 +204,11 @@ def make_inputs(case: Case, device: str, act_dtype: torch.dtype, rotate: int = 1
 def make_baseline_inputs(case: Case, inp: Inputs) -> Inputs:
     """The verify batch as B*qlen requests of one row: same q rows, same cache, the block table
     repeated per token, lengths ``L - qlen + 1 + t``."""
-    dev = inp.q.device
     lens = baseline_seq_lens(case.L, case.qlen, case.B)
-    return Inputs(
-        q=inp.q,
-        kv=inp.kv,
-        req_to_token=inp.req_to_token.repeat_interleave(case.qlen, dim=0).contiguous(),
-        seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
-        k_scale=inp.k_scale,
-        o=torch.empty_like(inp.o),
-        lse=torch.empty_like(inp.lse),
-    )
+    return dataclasses.replace(
+        inp, req_to_token=inp.req_to_token.repeat_interleave(case.qlen, dim=0).contiguous(),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=inp.q.device),
+        o=torch.empty_like(inp.o), lse=torch.empty_like(inp.lse), workspaces={})
 
 
 def make_call(api: Api, inp: Inputs, qlen: int, splits: int, sm_scale: float, page_size: int,

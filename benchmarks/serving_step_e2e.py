@@ -198,7 +198,8 @@ def step_inputs(cfg, batch, qlen, lens, table, device, gen, dtype):
     t = torch.arange(qlen, device=device)
     pos = (lens.long()[:, None] - qlen + t[None, :]).reshape(-1)
     page = cfg["page"]
-    slots = table.long().gather(1, (pos.view(batch, qlen) // page)) * page + pos.view(batch, qlen) % page
+    pos2 = pos.view(batch, qlen)
+    slots = table.long().gather(1, pos2 // page) * page + pos2 % page
     return x, pos, slots.reshape(-1)
 
 
