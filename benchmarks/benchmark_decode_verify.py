@@ -39,7 +39,6 @@ from benchmarks.shapes import (  # noqa: E402
     INTERPRET_CASE,
     SHAPES,
     Case,
-    baseline_case,
 )
 
 PROG = "benchmark_decode_verify.py"
@@ -133,16 +132,8 @@ def resolve_cases(args: argparse.Namespace) -> list[Case]:
 
 def compile_specs(api: decode.Api, cases: list[Case], args: argparse.Namespace) -> list[dict]:
     """Every launch the run makes (raises the tuning module's ValueError for a bad config)."""
-    over = decode.launch_overrides(args)
-    specs = []
-    for c in cases:
-        splits = args.splits or decode.default_splits(api, c, decode.effective_config(api, c, over))
-        specs.append(decode.compile_spec(c, args.dtype, splits, over))
-        if not args.no_baseline:
-            b, bover = baseline_case(c), decode.family_only(over)
-            bsplits = decode.default_splits(api, b, decode.effective_config(api, b, bover))
-            specs.append(decode.compile_spec(b, args.dtype, bsplits, bover))
-    return specs
+    return [decode.compile_spec(c, args.dtype, splits, over)
+            for case in cases for c, over, _cfg, splits in decode.launches(api, case, args)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

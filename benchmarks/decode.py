@@ -133,6 +133,20 @@ def default_splits(api: Api, case: Case, cfg: dict) -> int:
                                     min_work_per_split=cfg.get("SPLIT_WORK"))
 
 
+def launches(api: Api, case: Case, args: argparse.Namespace) -> list[tuple]:
+    """``(case, overrides, config, splits)`` of each launch the benchmark makes for ``case``:
+    the verify launch, then (unless ``--no-baseline``) the qlen=1 feed, which keeps its own
+    config and split count but takes the family. Raises the tuning module's ValueError."""
+    over = launch_overrides(args)
+    cfg = effective_config(api, case, over)
+    out = [(case, over, cfg, args.splits or default_splits(api, case, cfg))]
+    if not args.no_baseline:
+        bcase, bover = baseline_case(case), family_only(over)
+        bcfg = effective_config(api, bcase, bover)
+        out.append((bcase, bover, bcfg, default_splits(api, bcase, bcfg)))
+    return out
+
+
 def table_config(cfg: dict) -> dict:
     """``cfg`` as a table holds it: completed with its family's defaults, keys in the family's
     order (then the backend's extra keys), ``family`` written only when not ``triton``."""
@@ -347,9 +361,7 @@ def run_case(api: Api, case: Case, args: argparse.Namespace, device: str, ceilin
     applicable): the benchmark's row. Exits 1 when our kernel disagrees with the reference."""
     act = DTYPES[args.dtype]
     act_bytes = torch.empty((), dtype=act).element_size()
-    overrides = launch_overrides(args)
-    cfg = effective_config(api, case, overrides)
-    splits = args.splits or default_splits(api, case, cfg)
+    (_, overrides, cfg, splits), *feed = launches(api, case, args)
     inp = make_inputs(case, device, act, rotate=args.rotate, seed=args.seed)
     rtol = CHECK_RTOL[args.dtype]
     timing = dict(max_replays=args.replays, calls_per_fn=args.rotate,
@@ -364,11 +376,8 @@ def run_case(api: Api, case: Case, args: argparse.Namespace, device: str, ceilin
                            "rotate": args.rotate}
 
     binp = None
-    if not args.no_baseline:
-        bcase = baseline_case(case)
-        bover = family_only(overrides)
-        bcfg = effective_config(api, bcase, bover)
-        bsplits = default_splits(api, bcase, bcfg)
+    if feed:
+        ((_, bover, bcfg, bsplits),) = feed
         binp = make_baseline_inputs(case, inp)
     fm_ok = flashmla is not None and flashmla_applies(case, args.dtype, device)
     if fm_ok:
