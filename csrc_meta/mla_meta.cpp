@@ -17,6 +17,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <initializer_list>
@@ -37,30 +38,26 @@ using c10::SymInt;
 // another toolchain that crosses two libstdc++ builds and segfaulted on the H200 image
 // (torch 2.11, g++ 13) at the first failed check.
 
-// `str(torch.<dtype>)` without the "torch." prefix.
+// `str(torch.<dtype>)` without the "torch." prefix: c10's name in lower case ("bfloat16",
+// "float8_e4m3fn", "uint16", "qint8", ...) except for the eleven that torch renames.
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
     case at::ScalarType::Half: return "float16";
-    case at::ScalarType::BFloat16: return "bfloat16";
     case at::ScalarType::Float: return "float32";
     case at::ScalarType::Double: return "float64";
     case at::ScalarType::ComplexHalf: return "complex32";
     case at::ScalarType::ComplexFloat: return "complex64";
     case at::ScalarType::ComplexDouble: return "complex128";
-    case at::ScalarType::Bool: return "bool";
     case at::ScalarType::Byte: return "uint8";
     case at::ScalarType::Char: return "int8";
     case at::ScalarType::Short: return "int16";
     case at::ScalarType::Int: return "int32";
     case at::ScalarType::Long: return "int64";
-    case at::ScalarType::UInt16: return "uint16";
-    case at::ScalarType::UInt32: return "uint32";
-    case at::ScalarType::UInt64: return "uint64";
-    case at::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
-    case at::ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
-    case at::ScalarType::Float8_e5m2: return "float8_e5m2";
-    case at::ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
-    default: return c10::toString(t);
+    default: {
+      std::string s = c10::toString(t);
+      for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return s;
+    }
   }
 }
 
