@@ -16,8 +16,8 @@ op) into the build tree; nothing generated is committed.
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import runpy
 import shutil
 import sys
 import sysconfig
@@ -32,15 +32,6 @@ STATUS = "_C.status"
 
 def _say(msg: str) -> None:
     print(f"mla_ops setup: {msg}", file=sys.stderr, flush=True)
-
-
-def _load(name: str, path: str):
-    """A module of the package, by path: importing mla_ops itself needs torch and triton."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def _why_not_build() -> str | None:
@@ -80,9 +71,9 @@ class BuildC(build_ext):
 
         generated = os.path.join(os.path.abspath(self.build_temp), "generated")
         os.makedirs(generated, exist_ok=True)
-        spec = _load("_mla_ops_spec", "mla_ops/spec.py")
         inc = os.path.join(generated, "mla_spec_generated.inc")
-        text = spec.cpp_source()
+        # By path: importing the mla_ops package needs torch and triton.
+        text = runpy.run_path(os.path.join(ROOT, "mla_ops", "spec.py"))["cpp_source"]()
         if not os.path.exists(inc) or open(inc).read() != text:  # a changed spec rebuilds _C
             with open(inc, "w") as f:
                 f.write(text)

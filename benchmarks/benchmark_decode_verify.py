@@ -39,7 +39,6 @@ from benchmarks.shapes import (  # noqa: E402
     INTERPRET_CASE,
     SHAPES,
     Case,
-    baseline_case,
 )
 
 PROG = "benchmark_decode_verify.py"
@@ -59,12 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shape", nargs="+", metavar="NAME",
                    help="named shapes (M1 ... M7, comma or space separated) or 'all' (the "
                    "default when no grid flag is given)")
-    g.add_argument("--heads", nargs="+", type=int, help="grid: query heads H")
-    g.add_argument("--qlen", nargs="+", type=int, help="grid: verify tokens per request")
-    g.add_argument("--batch", nargs="+", type=int, help="grid: requests B")
-    g.add_argument("--seq-len", nargs="+", type=int, help="grid: KV length L of every request")
+    g.add_argument("--heads", nargs="+", type=cli.positive, help="grid: query heads H")
+    g.add_argument("--qlen", nargs="+", type=cli.positive, help="grid: verify tokens per request")
+    g.add_argument("--batch", nargs="+", type=cli.positive, help="grid: requests B")
+    g.add_argument("--seq-len", nargs="+", type=cli.positive,
+                   help="grid: KV length L of every request")
     g.add_argument("--fp8", action="store_true", help="grid: fp8 (e4m3fn) cache with k_scale")
-    g.add_argument("--page-size", type=int, default=None,
+    g.add_argument("--page-size", type=cli.positive, default=None,
                    help=f"tokens per cache page (default {DEFAULT_PAGE_SIZE})")
     g.add_argument("--sm-scale", type=float, default=DEFAULT_SM_SCALE)
     g.add_argument("--dtype", choices=("bf16", "fp16"), default=None,
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time each replay from an idle GPU, the host's launch latency included "
                    "(the default queues a GPU sleep ahead of the start event, so the time is the "
                    "graph's own, as inside a model's graph; matters for µs-scale shapes like M1)")
-    o.add_argument("--rotate", type=int, default=1,
+    o.add_argument("--rotate", type=cli.positive, default=1,
                    help="N copies of the cache cycled through the graph (L2-cold timing)")
     cli.add_jobs(o, "min(8, CPUs - 1)")
     cli.add_common(o, json_help="write the rows (with env and ceilings) here")
@@ -104,19 +104,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if args.fp8:
             parser.error("--fp8: the named shapes fix their cache dtype (M4, M7 are fp8); use "
                          "the grid flags for another combination")
-    for f in GRID_FLAGS:
-        vals = getattr(args, f)
-        if vals is not None and any(v < 1 for v in vals):
-            parser.error(f"--{f.replace('_', '-')}: values must be >= 1, got {vals}")
-    if args.splits is not None and args.splits < 1:
-        parser.error("--splits must be >= 1")
-    if args.rotate < 1:
-        parser.error("--rotate must be >= 1")
     if args.interpret and args.shape:
         parser.error("--interpret runs a tiny shape on the CPU; the named shapes need a GPU "
                      "(give small grid flags instead)")
-    if args.page_size is not None and args.page_size < 1:
-        parser.error("--page-size must be >= 1")
     if args.dtype is None:
         args.dtype = "fp16" if args.interpret else "bf16"
     return args
@@ -142,16 +132,8 @@ def resolve_cases(args: argparse.Namespace) -> list[Case]:
 
 def compile_specs(api: decode.Api, cases: list[Case], args: argparse.Namespace) -> list[dict]:
     """Every launch the run makes (raises the tuning module's ValueError for a bad config)."""
-    over = decode.launch_overrides(args)
-    specs = []
-    for c in cases:
-        splits = args.splits or decode.default_splits(api, c, decode.effective_config(api, c, over))
-        specs.append(decode.compile_spec(c, args.dtype, splits, over))
-        if not args.no_baseline:
-            b, bover = baseline_case(c), decode.family_only(over)
-            bsplits = decode.default_splits(api, b, decode.effective_config(api, b, bover))
-            specs.append(decode.compile_spec(b, args.dtype, bsplits, bover))
-    return specs
+    return [decode.compile_spec(c, args.dtype, splits, over)
+            for case in cases for c, over, _cfg, splits in decode.launches(api, case, args)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,6 +39,14 @@ def add_jobs(parser: argparse.ArgumentParser, default_text: str, *names: str) ->
                         f"(default: {default_text}; 0 compiles in this process)")
 
 
+def positive(text: str) -> int:
+    """An argparse ``type``: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def split_names(parser: argparse.ArgumentParser, values: Sequence[str] | None,
                 known: Sequence[str], flag: str = "--shape") -> list[str] | None:
     """Names given as ``A B``, ``A,B`` or ``all``, checked against ``known``."""

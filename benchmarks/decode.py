@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from benchmarks import compile_pool, harness
+from benchmarks import cli, compile_pool, harness
 from benchmarks.shapes import (
     LK,
     LV,
@@ -62,8 +62,9 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--family", choices=("table", "triton", "gluon"), default="table",
                    help="kernel family: the table's choice (default), or one named (passed as "
                    "config={'family': ...}; a family this mla_ops does not have is an error)")
-    g.add_argument("--splits", type=int, help="num_kv_splits (default: verify_num_kv_splits "
-                   "with the BLOCK_H and SPLIT_WORK of the config in use)")
+    g.add_argument("--splits", type=cli.positive,
+                   help="num_kv_splits (default: verify_num_kv_splits with the BLOCK_H and "
+                   "SPLIT_WORK of the config in use)")
     for flag, (_key, text) in KNOBS.items():
         g.add_argument(flag, type=int, help=text)
 
@@ -130,6 +131,20 @@ def default_splits(api: Api, case: Case, cfg: dict) -> int:
     return api.verify_num_kv_splits(case.L, case.B, case.qlen, case.H, api.sm_count,
                                     block_h=cfg.get("BLOCK_H"),
                                     min_work_per_split=cfg.get("SPLIT_WORK"))
+
+
+def launches(api: Api, case: Case, args: argparse.Namespace) -> list[tuple]:
+    """``(case, overrides, config, splits)`` of each launch the benchmark makes for ``case``:
+    the verify launch, then (unless ``--no-baseline``) the qlen=1 feed, which keeps its own
+    config and split count but takes the family. Raises the tuning module's ValueError."""
+    over = launch_overrides(args)
+    cfg = effective_config(api, case, over)
+    out = [(case, over, cfg, args.splits or default_splits(api, case, cfg))]
+    if not args.no_baseline:
+        bcase, bover = baseline_case(case), family_only(over)
+        bcfg = effective_config(api, bcase, bover)
+        out.append((bcase, bover, bcfg, default_splits(api, bcase, bcfg)))
+    return out
 
 
 def table_config(cfg: dict) -> dict:
@@ -203,17 +218,11 @@ def make_inputs(case: Case, device: str, act_dtype: torch.dtype, rotate: int = 1
 def make_baseline_inputs(case: Case, inp: Inputs) -> Inputs:
     """The verify batch as B*qlen requests of one row: same q rows, same cache, the block table
     repeated per token, lengths ``L - qlen + 1 + t``."""
-    dev = inp.q.device
     lens = baseline_seq_lens(case.L, case.qlen, case.B)
-    return Inputs(
-        q=inp.q,
-        kv=inp.kv,
-        req_to_token=inp.req_to_token.repeat_interleave(case.qlen, dim=0).contiguous(),
-        seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
-        k_scale=inp.k_scale,
-        o=torch.empty_like(inp.o),
-        lse=torch.empty_like(inp.lse),
-    )
+    return dataclasses.replace(
+        inp, req_to_token=inp.req_to_token.repeat_interleave(case.qlen, dim=0).contiguous(),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=inp.q.device),
+        o=torch.empty_like(inp.o), lse=torch.empty_like(inp.lse), workspaces={})
 
 
 def make_call(api: Api, inp: Inputs, qlen: int, splits: int, sm_scale: float, page_size: int,
@@ -296,27 +305,13 @@ def specs_by_key(specs: list[dict]) -> dict[tuple, dict]:
 
 
 def compile_job(spec: dict) -> None:
-    """One launch variant on scratch tensors (one request, page 0 everywhere): batch and the
-    split count are not specialized on."""
-    api = load_api()
-    dev = spec["device"]
-    act = DTYPES[spec["act"]]
-    H, qlen, page = spec["H"], spec["qlen"], spec["page_size"]
-    pages = math.ceil(spec["L"] / page)
-    kv = torch.zeros(1, page, 1, LK, device=dev, dtype=act)
-    if spec["fp8"]:
-        kv = kv.to(torch.float8_e4m3fn)
-    k_scale = torch.ones((), dtype=torch.float32, device=dev) if spec["fp8"] else None
-    q = torch.zeros(qlen, H, LK, device=dev, dtype=act)
-    o = torch.empty(qlen, H, LV, device=dev, dtype=act)
-    lse = torch.empty(qlen, H, device=dev, dtype=torch.float32)
-    rtt = torch.zeros(1, pages, dtype=torch.int32, device=dev)
-    seq = torch.full((1,), min(spec["L"], 4 * page), dtype=torch.int32, device=dev)
-    s = spec["splits"]
-    ws = None if s == 1 else torch.empty(qlen, H, s, LV + 1, device=dev, dtype=torch.float32)
-    kw = {"config": spec["config"]} if spec["config"] else {}
-    api.decode_attention_fwd_verify(q, kv, kv[..., :LV], o, lse, rtt, seq, None, qlen, ws, s,
-                                    DEFAULT_SM_SCALE, page, k_scale, **kw)
+    """One launch variant on one request whose lengths stop after four pages: batch, lengths
+    and the split count are not specialized on, the block table's width is."""
+    case = Case(spec["H"], spec["qlen"], 1, spec["L"], spec["fp8"], spec["page_size"])
+    inp = make_inputs(case, spec["device"], DTYPES[spec["act"]])
+    inp.seq_lens.clamp_(max=4 * case.page_size)
+    make_call(load_api(), inp, case.qlen, spec["splits"], DEFAULT_SM_SCALE, case.page_size,
+              spec["config"] or None, kv_index=0)()
 
 
 # --- FlashMLA beside ours (never a dependency) ---------------------------------------------------
@@ -366,9 +361,7 @@ def run_case(api: Api, case: Case, args: argparse.Namespace, device: str, ceilin
     applicable): the benchmark's row. Exits 1 when our kernel disagrees with the reference."""
     act = DTYPES[args.dtype]
     act_bytes = torch.empty((), dtype=act).element_size()
-    overrides = launch_overrides(args)
-    cfg = effective_config(api, case, overrides)
-    splits = args.splits or default_splits(api, case, cfg)
+    (_, overrides, cfg, splits), *feed = launches(api, case, args)
     inp = make_inputs(case, device, act, rotate=args.rotate, seed=args.seed)
     rtol = CHECK_RTOL[args.dtype]
     timing = dict(max_replays=args.replays, calls_per_fn=args.rotate,
@@ -383,11 +376,8 @@ def run_case(api: Api, case: Case, args: argparse.Namespace, device: str, ceilin
                            "rotate": args.rotate}
 
     binp = None
-    if not args.no_baseline:
-        bcase = baseline_case(case)
-        bover = family_only(overrides)
-        bcfg = effective_config(api, bcase, bover)
-        bsplits = default_splits(api, bcase, bcfg)
+    if feed:
+        ((_, bover, bcfg, bsplits),) = feed
         binp = make_baseline_inputs(case, inp)
     fm_ok = flashmla is not None and flashmla_applies(case, args.dtype, device)
     if fm_ok:

@@ -151,21 +151,17 @@ class Results:
 
     def top(self, pkey: str, n: int) -> list[dict]:
         """The n fastest distinct configs of a point at their default split count."""
-        seen, out = set(), []
-        for r in self.timed(pkey):
-            k = config_key(r["config"])
-            if k not in seen:
-                seen.add(k)
-                out.append(r["config"])
-            if len(out) == n:
-                break
-        return out
+        return [r["config"] for r in self._fastest(pkey).values()][:n]
 
     def point_times(self, pkey: str) -> dict[str, float]:
         """config key -> time µs at the default split count."""
-        out: dict[str, float] = {}
+        return {k: r["time_us"] for k, r in self._fastest(pkey).items()}
+
+    def _fastest(self, pkey: str) -> dict[str, dict]:
+        """config key -> the point's fastest record of that config, fastest first."""
+        out: dict[str, dict] = {}
         for r in self.timed(pkey):
-            out.setdefault(config_key(r["config"]), r["time_us"])
+            out.setdefault(config_key(r["config"]), r)
         return out
 
 
@@ -253,14 +249,11 @@ def plan_stage(stage: str, tiles: list[Case], grid: list[Case], res: Results,
             for c in bin_candidates[bin_of(p)]:
                 add(p, c)
     # one task per key, points kept together
-    seen, out = set(), []
+    unique: dict[tuple, Task] = {}
     for t in tasks:
-        k = Results.key(t[0].key, decode.table_config(t[1]), t[2])
-        if k not in seen:
-            seen.add(k)
-            out.append(t)
+        unique.setdefault(Results.key(t[0].key, decode.table_config(t[1]), t[2]), t)
     order = {p.key: i for i, p in enumerate(grid + tiles)}
-    return sorted(out, key=lambda t: order.get(t[0].key, 0))
+    return sorted(unique.values(), key=lambda t: order.get(t[0].key, 0))
 
 
 def nearest_winners(p: Case, tiles: list[Case], res: Results, heads_groups: list[list[int]],

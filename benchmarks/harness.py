@@ -43,13 +43,19 @@ def time_cuda_graph(fn: Callable[[], None], replays: int = 200, warmup: int = 3,
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
+    return time_replays(graph.replay, replays, prequeue_cycles)
+
+
+def time_replays(replay: Callable[[], None], replays: int, prequeue_cycles: int = 0) -> float:
+    """Median microseconds of ``replay()`` (an already captured graph's), each call between two
+    events, behind a GPU sleep of ``prequeue_cycles`` when nonzero."""
     times = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(replays):
         if prequeue_cycles:
             torch.cuda._sleep(prequeue_cycles)
         start.record()
-        graph.replay()
+        replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)

@@ -24,17 +24,15 @@ computed in plain PyTorch (float32 attention reference), and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if "--interpret" in sys.argv:  # before triton is imported
-    os.environ["TRITON_INTERPRET"] = "1"
+from benchmarks import cli  # noqa: E402  (first: --interpret must precede triton's import)
+from benchmarks import harness, results  # noqa: E402
 
 import mla_ops  # noqa: E402
 
@@ -200,7 +198,8 @@ def step_inputs(cfg, batch, qlen, lens, table, device, gen, dtype):
     t = torch.arange(qlen, device=device)
     pos = (lens.long()[:, None] - qlen + t[None, :]).reshape(-1)
     page = cfg["page"]
-    slots = table.long().gather(1, (pos.view(batch, qlen) // page)) * page + pos.view(batch, qlen) % page
+    pos2 = pos.view(batch, qlen)
+    slots = table.long().gather(1, pos2 // page) * page + pos2 % page
     return x, pos, slots.reshape(-1)
 
 
@@ -212,22 +211,10 @@ def time_step(fn, device, reps):
     """Median µs of one step: a graph replay queued behind a GPU sleep (so the host's launch
     latency is not in it, as inside an engine's loop); on CPU one eager call."""
     if device != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
+        return harness.time_wall_us(fn)
     fn()
     torch.cuda.synchronize()
-    times = []
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        torch.cuda._sleep(20_000_000)  # queue the replay behind a GPU sleep: no host latency
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+    return harness.time_replays(fn, reps, prequeue_cycles=20_000_000)
 
 
 def main(argv=None) -> int:
@@ -239,14 +226,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-len", type=int, default=4096, help="longest KV length of a request")
     p.add_argument("--steps", type=int, default=3, help="verify steps checked per bucket")
     p.add_argument("--reps", type=int, default=50, help="timed replays per bucket")
-    p.add_argument("--interpret", action="store_true", help="tiny CPU run in Triton's interpreter")
+    p.add_argument("--interpret", action="store_true", help=cli.INTERPRET_HELP)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
-    device = "cpu" if args.interpret else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("serving_step_e2e: no GPU here; pass --interpret for a tiny CPU run", file=sys.stderr)
+    device = cli.pick_device(args.interpret, "serving_step_e2e.py")
+    if device is None:
         return 2
     cfg = dict(TINY if args.interpret else FULL)
     if args.heads:
@@ -297,8 +283,6 @@ def main(argv=None) -> int:
     ok = all(r["err_verify"] < tol and r["err_feed"] < tol for r in rows)
     print(f"{'all steps match the plain-PyTorch model' if ok else 'MISMATCH'} (rel. err < {tol})")
     if args.json:
-        from benchmarks import results
-
         results.write_json(args.json, rows)
     return 0 if ok else 1
 

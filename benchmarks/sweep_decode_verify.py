@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.write_text(args.log, json.dumps(
                 {"format": "sweep_decode_verify log 1", "env": env, "arch": arch,
                  "command": results.command_line(PROG, argv),
-                 "args": {k: v for k, v in vars(args).items() if _jsonable(v)},
+                 "args": vars(args),
                  "elapsed_s": round(budget.elapsed(), 1), "sweep": sweep_info(),
                  "records": res.records}, indent=1) + "\n")
 
@@ -205,14 +205,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{budget.elapsed():.0f} s" + ("; continue with --resume" if runner.out_of_time else ""))
     ds.print_summary(rules, tiles, res)
     return status
-
-
-def _jsonable(v) -> bool:
-    try:
-        json.dumps(v)
-        return True
-    except TypeError:
-        return False
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <initializer_list>
@@ -37,30 +38,26 @@ using c10::SymInt;
 // another toolchain that crosses two libstdc++ builds and segfaulted on the H200 image
 // (torch 2.11, g++ 13) at the first failed check.
 
-// `str(torch.<dtype>)` without the "torch." prefix.
+// `str(torch.<dtype>)` without the "torch." prefix: c10's name in lower case ("bfloat16",
+// "float8_e4m3fn", "uint16", "qint8", ...) except for the eleven that torch renames.
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
     case at::ScalarType::Half: return "float16";
-    case at::ScalarType::BFloat16: return "bfloat16";
     case at::ScalarType::Float: return "float32";
     case at::ScalarType::Double: return "float64";
     case at::ScalarType::ComplexHalf: return "complex32";
     case at::ScalarType::ComplexFloat: return "complex64";
     case at::ScalarType::ComplexDouble: return "complex128";
-    case at::ScalarType::Bool: return "bool";
     case at::ScalarType::Byte: return "uint8";
     case at::ScalarType::Char: return "int8";
     case at::ScalarType::Short: return "int16";
     case at::ScalarType::Int: return "int32";
     case at::ScalarType::Long: return "int64";
-    case at::ScalarType::UInt16: return "uint16";
-    case at::ScalarType::UInt32: return "uint32";
-    case at::ScalarType::UInt64: return "uint64";
-    case at::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
-    case at::ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
-    case at::ScalarType::Float8_e5m2: return "float8_e5m2";
-    case at::ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
-    default: return c10::toString(t);
+    default: {
+      std::string s = c10::toString(t);
+      for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return s;
+    }
   }
 }
 
@@ -89,8 +86,6 @@ inline void cat_one(std::string& s, const char* x) { s += x; }
 inline void cat_one(std::string& s, const std::string& x) { s += x; }
 inline void cat_one(std::string& s, const SymInt& x) { s += sym_str(x); }
 inline void cat_one(std::string& s, int64_t x) { s += std::to_string(x); }
-inline void cat_one(std::string& s, int x) { s += std::to_string(x); }
-inline void cat_one(std::string& s, size_t x) { s += std::to_string(x); }
 inline void cat_one(std::string& s, double x) { s += py_float(x); }
 inline void cat_one(std::string& s, const c10::Device& d) { s += d.str(); }
 inline void cat_one(std::string& s, const std::vector<SymInt>& xs) { s += tuple_str(xs); }
@@ -128,16 +123,13 @@ std::string cat(const Args&... args) {
 
 // --- the helpers the spec's expressions call (mla_ops.spec._CPP_CALLS) ---------------------
 
-std::vector<SymInt> sizes_of(const at::Tensor& t) {
-  auto s = t.sym_sizes();
-  return {s.begin(), s.end()};
-}
+// Shapes and strides as tuples: compared, or printed by cat() as Python prints a tuple.
+std::vector<SymInt> sizes_of(const at::Tensor& t) { return t.sym_sizes().vec(); }
+std::vector<SymInt> strides_of(const at::Tensor& t) { return t.sym_strides().vec(); }
 std::vector<SymInt> lead_sizes(const at::Tensor& t) {
   auto s = t.sym_sizes();
   return {s.begin(), s.end() - 1};
 }
-std::string shape_str(const at::Tensor& t) { return tuple_str(t.sym_sizes()); }
-std::string strides_str(const at::Tensor& t) { return tuple_str(t.sym_strides()); }
 int64_t list_len(at::IntArrayRef xs) { return static_cast<int64_t>(xs.size()); }
 
 bool is_pow2(const SymInt& n) {

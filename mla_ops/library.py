@@ -20,6 +20,7 @@ path of the loaded C++ library or None, :data:`EXTENSION_STATUS` one line saying
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import itertools
 from typing import Callable, Optional
@@ -41,57 +42,31 @@ EXTENSION_STATUS: str = _ext.status(EXTENSION)
 
 
 # --- device kernels -------------------------------------------------------------------------
-# Imported lazily: registering the ops must not import triton's kernels.
-
-def _decode_verify_cuda(*args):
-    from .decode_verify.launch import decode_attention_fwd_verify
-
-    decode_attention_fwd_verify(*args)
 
 
-def _decode_verify_cpu(*args):
-    if interpreter_enabled():
-        return _decode_verify_cuda(*args)
-    from .reference import decode_verify_op_ref
+def _lazy(path: str) -> Callable:
+    """The function ``"module:name"`` of this package, imported at its first call: registering
+    the ops must not import triton's kernels."""
+    module, name = path.split(":")
 
-    decode_verify_op_ref(*args)
+    def kernel(*args):
+        getattr(importlib.import_module(module, __package__), name)(*args)
 
-
-def _warmup_decode_verify_cuda(*args):
-    from .decode_verify.launch import warmup_decode_attention_fwd_verify
-
-    warmup_decode_attention_fwd_verify(*args)
+    return kernel
 
 
-def _warmup_decode_verify_cpu(*args):
-    if interpreter_enabled():
-        return _warmup_decode_verify_cuda(*args)
-    CHECKS["warmup_decode_verify"](*args)  # the reference compiles nothing: nothing to warm
+def _kernels(launch: str, reference: Callable) -> dict[str, Callable]:
+    """``{dispatch key: kernel}`` of one op (HIP tensors dispatch to the CUDA key): the Triton
+    launcher on CUDA, and on CPU under ``TRITON_INTERPRET=1``; else the plain-PyTorch one."""
+    cuda = _lazy(launch)
 
+    def cpu(*args):
+        (cuda if interpreter_enabled() else reference)(*args)
 
-def _context_attention_cuda(*args):
-    from .prefill.launch import context_attention_fwd
-
-    context_attention_fwd(*args)
-
-
-def _context_attention_cpu(*args):
-    if interpreter_enabled():
-        return _context_attention_cuda(*args)
-    from .reference import context_attention_op_ref
-
-    context_attention_op_ref(*args)
-
-
-def _merge_attn_states_cuda(*args):
-    from .merge.launch import merge_attn_states
-
-    merge_attn_states(*args)
+    return {"CPU": cpu, "CUDA": cuda}
 
 
 def _merge_attn_states_cpu(o_parts, lse_parts, o, lse=None):
-    if interpreter_enabled():
-        return _merge_attn_states_cuda(o_parts, lse_parts, o, lse)
     from .reference import merge_attn_states_ref
 
     CHECKS["merge_attn_states"](o_parts, lse_parts, o, lse)
@@ -101,15 +76,7 @@ def _merge_attn_states_cpu(o_parts, lse_parts, o, lse=None):
         lse.copy_(out_lse)
 
 
-def _rescale_attn_partial_cuda(*args):
-    from .merge.launch import rescale_attn_partial
-
-    rescale_attn_partial(*args)
-
-
 def _rescale_attn_partial_cpu(o_part, lse_parts, part, o_out, lse_out=None):
-    if interpreter_enabled():
-        return _rescale_attn_partial_cuda(o_part, lse_parts, part, o_out, lse_out)
     from .reference import rescale_attn_partial_ref
 
     CHECKS["rescale_attn_partial"](o_part, lse_parts, part, o_out, lse_out)
@@ -119,14 +86,17 @@ def _rescale_attn_partial_cpu(o_part, lse_parts, part, o_out, lse_out=None):
         lse_out.copy_(out_lse)
 
 
-# op -> {dispatch key: kernel}. HIP tensors dispatch to the CUDA key.
 KERNELS: dict[str, dict[str, Callable]] = {
-    "decode_verify": {"CPU": _decode_verify_cpu, "CUDA": _decode_verify_cuda},
-    "warmup_decode_verify": {"CPU": _warmup_decode_verify_cpu, "CUDA": _warmup_decode_verify_cuda},
-    "context_attention": {"CPU": _context_attention_cpu, "CUDA": _context_attention_cuda},
-    "merge_attn_states": {"CPU": _merge_attn_states_cpu, "CUDA": _merge_attn_states_cuda},
-    "rescale_attn_partial": {"CPU": _rescale_attn_partial_cpu,
-                             "CUDA": _rescale_attn_partial_cuda},
+    "decode_verify": _kernels(".decode_verify.launch:decode_attention_fwd_verify",
+                              _lazy(".reference:decode_verify_op_ref")),
+    # The reference compiles nothing: nothing to warm but the check.
+    "warmup_decode_verify": _kernels(".decode_verify.launch:warmup_decode_attention_fwd_verify",
+                                     CHECKS["warmup_decode_verify"]),
+    "context_attention": _kernels(".prefill.launch:context_attention_fwd",
+                                  _lazy(".reference:context_attention_op_ref")),
+    "merge_attn_states": _kernels(".merge.launch:merge_attn_states", _merge_attn_states_cpu),
+    "rescale_attn_partial": _kernels(".merge.launch:rescale_attn_partial",
+                                     _rescale_attn_partial_cpu),
 }
 
 

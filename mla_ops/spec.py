@@ -73,6 +73,11 @@ def let(name, expr) -> Rule:
     return Rule("let", expr, name=name)
 
 
+def dims(x, *names) -> list[Rule]:
+    """Binds ``names[i] = x.shape[i]``."""
+    return [let(n, f"{x}.shape[{i}]") for i, n in enumerate(names)]
+
+
 def each(over, name, cond, msg, exc="ValueError") -> Rule:
     return Rule("each", cond, exc, msg, name=name, over=over)
 
@@ -81,10 +86,8 @@ def tensor(x, rank=None, dtypes=None, when=None) -> list[Rule]:
     """Rank and dtype of tensor argument ``x``. ``rank``: an int, a tuple, or an expression;
     ``dtypes``: a :data:`DTYPE_SETS` name, or an expression such as ``"q.dtype"``."""
     rules = []
-    if isinstance(rank, int):
-        rules.append(check(f"{x}.dim() == {rank}",
-                           f"{x}: expected a {rank}-D tensor, got shape {{shape({x})}}", when=when))
-    elif isinstance(rank, tuple):
+    rank = (rank,) if isinstance(rank, int) else rank
+    if isinstance(rank, tuple):
         want = " or ".join(f"{r}-D" for r in rank)
         rules.append(check(f"{x}.dim() in {rank!r}",
                            f"{x}: expected a {want} tensor, got shape {{shape({x})}}", when=when))
@@ -106,7 +109,7 @@ def tensor(x, rank=None, dtypes=None, when=None) -> list[Rule]:
 
 def shape(x, *dims, when=None) -> Rule:
     tup = f"tup({', '.join(dims)})"
-    return check(f"sizes({x}) == {tup}", f"{x}: expected shape {{{tup}}}, got {{shape({x})}}",
+    return check(f"shape({x}) == {tup}", f"{x}: expected shape {{{tup}}}, got {{shape({x})}}",
                  when=when)
 
 
@@ -229,8 +232,7 @@ DECODE_VERIFY = OpSpec(
               "q: expected head dim Lk={Lk} (k_buffer.shape[-1]), got shape {shape(q)}"),
         inner_contiguous("q"),
         at_least("qlen", 1),
-        let("rows", "q.shape[0]"),
-        let("heads", "q.shape[1]"),
+        dims("q", "rows", "heads"),
         check("rows % qlen == 0",
               "qlen: q has {rows} rows, not a multiple of qlen={qlen} (rows are [B*qlen, ...])"),
         let("batch", "rows // qlen"),
@@ -311,13 +313,11 @@ CONTEXT_ATTENTION = OpSpec(
         tensor("k", 3, "q.dtype"),
         tensor("v", 3, "q.dtype"),
         tensor("o", 3, "q.dtype"),
-        let("total", "q.shape[0]"),
-        let("hq", "q.shape[1]"),
-        let("d", "q.shape[2]"),
+        dims("q", "total", "hq", "d"),
         check(f"{PREFILL_D[0]} <= d and d <= {PREFILL_D[1]}",
               f"q: expected a head dim in [{PREFILL_D[0]}, {PREFILL_D[1]}], got shape {{shape(q)}}"),
         check("k.shape[2] == d", "k: expected head dim {d} (q.shape[2]), got shape {shape(k)}"),
-        check("sizes(v) == sizes(k)", "v: expected the shape of k {shape(k)}, got {shape(v)}"),
+        check("shape(v) == shape(k)", "v: expected the shape of k {shape(k)}, got {shape(v)}"),
         check("k.shape[0] == total",
               "k: expected {total} tokens (q.shape[0]), got shape {shape(k)}"),
         let("hkv", "k.shape[1]"),
@@ -356,10 +356,7 @@ MERGE_ATTN_STATES = OpSpec(
         check("o_parts.dtype == o.dtype or o_parts.dtype in F32",
               "o_parts: expected the dtype of o ({dtype(o.dtype)}) or float32, got "
               "{dtype(o_parts.dtype)}", "TypeError"),
-        let("parts", "o_parts.shape[0]"),
-        let("rows", "o_parts.shape[1]"),
-        let("heads", "o_parts.shape[2]"),
-        let("dim", "o_parts.shape[3]"),
+        dims("o_parts", "parts", "rows", "heads", "dim"),
         check("parts >= 1", "o_parts: expected at least one partial (shape[0] >= 1), got shape "
               "{shape(o_parts)}"),
         shape("o", "rows", "heads", "dim"),
@@ -380,9 +377,7 @@ RESCALE_ATTN_PARTIAL = OpSpec(
     "-> ()",
     _rules(
         tensor("o_part", 3, "ACT"),
-        let("rows", "o_part.shape[0]"),
-        let("heads", "o_part.shape[1]"),
-        let("dim", "o_part.shape[2]"),
+        dims("o_part", "rows", "heads", "dim"),
         tensor("lse_parts", 3, "F32"),
         let("parts", "lse_parts.shape[0]"),
         check("parts >= 1", "lse_parts: expected at least one partial (shape[0] >= 1), got "
@@ -394,7 +389,7 @@ RESCALE_ATTN_PARTIAL = OpSpec(
         shape("o_out", "rows", "heads", "dim", when="o_out.dim() == 3"),
         let("chunks", "o_out.shape[1]"),
         check("chunks >= 1 and heads % chunks == 0 and "
-              "sizes(o_out) == tup(rows, chunks, heads // chunks, dim)",
+              "shape(o_out) == tup(rows, chunks, heads // chunks, dim)",
               "o_out: expected [rows, C, H/C, D] with C dividing H={heads} and rows={rows}, "
               "D={dim}, got shape {shape(o_out)}", when="o_out.dim() == 4"),
         tensor("lse_out", 2, "F32", when="lse_out is not None"),
@@ -437,32 +432,28 @@ def parse_schema(schema: str) -> list[Arg]:
 # --- Python ---------------------------------------------------------------------------------
 
 _TYPE_CHECKS = {
-    # schema type -> (isinstance test, what the message says was expected)
+    # schema type -> (isinstance test, what the message says was expected); "T?" adds None
     "Tensor": ("isinstance({v}, _Tensor)", "a torch.Tensor"),
-    "Tensor?": ("{v} is None or isinstance({v}, _Tensor)", "a torch.Tensor or None"),
     "int": ("isinstance({v}, int) and not isinstance({v}, bool)", "an int"),
-    "int?": ("{v} is None or (isinstance({v}, int) and not isinstance({v}, bool))",
-             "an int or None"),
     "float": ("isinstance({v}, (int, float)) and not isinstance({v}, bool)", "a float"),
-    "float?": ("{v} is None or (isinstance({v}, (int, float)) and not isinstance({v}, bool))",
-               "a float or None"),
     "bool": ("isinstance({v}, bool)", "a bool"),
     "int[]": ("isinstance({v}, (list, tuple)) and all(isinstance(_e, int) and not "
               "isinstance(_e, bool) for _e in {v})", "a list of ints"),
 }
 
 
-def _py_default(d: str | None) -> str:
-    return "" if d is None else f"={d}"
+def _type_check(typ: str) -> tuple[str, str]:
+    test, what = _TYPE_CHECKS[typ.rstrip("?")]
+    return (f"{{v}} is None or ({test})", f"{what} or None") if typ.endswith("?") else (test, what)
 
 
 def python_source(op: OpSpec) -> str:
     """Source of ``check_<op>(...)``: the types the schema gives, then every rule in order."""
     args = parse_schema(op.schema)
-    sig = ", ".join(f"{a.name}{_py_default(a.default)}" for a in args)
+    sig = ", ".join(a.name if a.default is None else f"{a.name}={a.default}" for a in args)
     lines = [f"def check_{op.name}({sig}):"]
     for a in args:
-        test, what = _TYPE_CHECKS[a.type]
+        test, what = _type_check(a.type)
         lines.append(f"    if not ({test.format(v=a.name)}):")
         lines.append(f"        raise TypeError(f\"{a.name}: expected {what}, got "
                      f"{{type({a.name}).__name__}}\")")
@@ -497,7 +488,6 @@ def _py_helpers() -> dict[str, Any]:
         "pow2": lambda n: n > 0 and (int(n) & (int(n) - 1)) == 0,
         "finite": math.isfinite,
         "shape": lambda t: tuple(t.shape),
-        "sizes": lambda t: tuple(t.shape),
         "lead": lambda t: tuple(t.shape[:-1]),
         "strides": lambda t: tuple(t.stride()),
         "dtype": str,
@@ -523,21 +513,19 @@ def python_checks() -> dict[str, Callable[..., Any]]:
 
 # --- C++ ------------------------------------------------------------------------------------
 
-_CPP_PARAM = {
-    "Tensor": "const at::Tensor& {n}",
-    "Tensor?": "const std::optional<at::Tensor>& {n}",
-    "int": "int64_t {n}",
-    "int?": "std::optional<int64_t> {n}",
-    "float": "double {n}",
-    "float?": "std::optional<double> {n}",
-    "bool": "bool {n}",
-    "int[]": "at::IntArrayRef {n}",
-}
+_CPP_TYPE = {"Tensor": "at::Tensor", "int": "int64_t", "float": "double", "bool": "bool",
+             "int[]": "at::IntArrayRef"}
+
+
+def _cpp_param(typ: str, name: str) -> str:
+    t = _CPP_TYPE[typ.rstrip("?")]
+    t = f"std::optional<{t}>" if typ.endswith("?") else t
+    return f"const {t}& {name}" if "Tensor" in t else f"{t} {name}"
 
 _CPP_CALLS = {  # helper name -> C++ function (arguments translated)
-    "pow2": "is_pow2", "finite": "std::isfinite", "shape": "shape_str", "sizes": "sizes_of",
-    "lead": "lead_sizes", "strides": "strides_str", "dtype": "dtype_str",
-    "dtype_name": "dtype_name", "len": "list_len", "flt": "",
+    "pow2": "is_pow2", "finite": "std::isfinite", "shape": "sizes_of", "lead": "lead_sizes",
+    "strides": "strides_of", "dtype": "dtype_str", "dtype_name": "dtype_name", "len": "list_len",
+    "flt": "",
 }
 
 
@@ -564,9 +552,7 @@ class _Cpp(ast.NodeVisitor):
         raise ValueError(f"mla_ops.spec: unknown name {n!r}")
 
     def visit_Constant(self, node):
-        if isinstance(node.value, bool):
-            return "true" if node.value else "false"
-        if isinstance(node.value, int):
+        if isinstance(node.value, int) and not isinstance(node.value, bool):
             return f"int64_t({node.value})"
         raise ValueError(f"mla_ops.spec: constant {node.value!r}")
 
@@ -642,7 +628,7 @@ def _cpp_message(msg: str, tr: _Cpp) -> str:
 def cpp_function(op: OpSpec) -> str:
     args = parse_schema(op.schema)
     types = {a.name: a.type for a in args}
-    params = ",\n    ".join(_CPP_PARAM[a.type].format(n=a.name) for a in args)
+    params = ",\n    ".join(_cpp_param(a.type, a.name) for a in args)
     lines = [f"void {op.name}_meta(\n    {params}) {{"]
     lines += [f"  (void){a.name};" for a in args]
     lets: set[str] = set()
@@ -674,7 +660,7 @@ def cpp_source() -> str:
     ``csrc_meta/mla_meta.cpp`` includes it (``setup.py`` writes it into the build tree)."""
     out = ["// Generated from mla_ops/spec.py by setup.py. Do not edit.", ""]
     for name, dtypes in DTYPE_SETS.items():
-        items = ", ".join(f"at::ScalarType::{_CPP_DTYPE[d]}" for d in dtypes)
+        items = ", ".join(f"at::ScalarType::{_CPP_DTYPE.get(d, d.capitalize())}" for d in dtypes)
         out.append(f"const std::initializer_list<at::ScalarType> k{name} = {{{items}}};")
     out.append("")
     out.append("constexpr OpDef kOpDefs[] = {")
@@ -690,11 +676,9 @@ def cpp_source() -> str:
     return "\n".join(out) + "\n"
 
 
-_CPP_DTYPE = {
-    "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "int32": "Int",
-    "int64": "Long", "float8_e4m3fn": "Float8_e4m3fn", "float8_e4m3fnuz": "Float8_e4m3fnuz",
-    "float8_e5m2": "Float8_e5m2", "float8_e5m2fnuz": "Float8_e5m2fnuz",
-}
+# at::ScalarType of a torch dtype name; the fp8 ones are the name capitalized.
+_CPP_DTYPE = {"float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "int32": "Int",
+              "int64": "Long"}
 
 
 if __name__ == "__main__":  # python -m mla_ops.spec [--cpp | --python]: print the generated code
