@@ -56,14 +56,15 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-LK, LV = 576, 512
-PAGE = 64
-SM_SCALE = 0.1352
+from benchmarks import harness  # noqa: E402
+from benchmarks.shapes import DEFAULT_PAGE_SIZE as PAGE  # noqa: E402
+from benchmarks.shapes import DEFAULT_SM_SCALE as SM_SCALE  # noqa: E402
+from benchmarks.shapes import LK, LV  # noqa: E402
+
 FULL_GRID = dict(heads=[16, 128], qlen=[2, 4], batch=[1, 8, 32],
                  seq_len=[131072, 524288, 1048576])
 QUICK_GRID = [(16, 2, 1, 131072), (16, 2, 8, 131072), (128, 4, 8, 131072)]
 CPU_GRID = [(16, 2, 2, 300), (4, 4, 3, 130)]
-PREQUEUE_CYCLES = 100_000  # ~50 µs at 1.98 GHz: both ranks' hosts enqueue their graph in less
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,19 +231,10 @@ def time_graph(fn, replays: int, collective: bool) -> float:
         fn()
     graph.replay()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        if collective:
-            dist.barrier()
-        torch.cuda._sleep(PREQUEUE_CYCLES)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
+    us = harness.time_replays(graph.replay, replays, harness.PREQUEUE_CYCLES,
+                              before=dist.barrier if collective else None)
     del graph
-    return statistics.median(times)
+    return us
 
 
 # --- one case -------------------------------------------------------------------------------

@@ -382,11 +382,15 @@ def build_rules(grid: list[Case], res: Results, defaults: Callable[[Case], dict]
 
 
 def table_text(rules: list[dict], arch: str, source: str, env: dict) -> str:
-    """The table file's text, validated by the tuning module (which raises ValueError)."""
+    """The table file's text, validated by the tuning module (which raises ValueError): the
+    Gluon-family rules of ``arch``'s table in force first (the sweep times the portable kernel
+    only; those rules come from the family A/B, ``ab_decode_verify.py --grid``), then ``rules``."""
     from mla_ops import tuning
     from mla_ops.decode_verify.configs import KERNEL
 
-    return tuning.format_table(KERNEL.name, arch, rules, source, env)
+    gluon = [r for r in tuning.table(KERNEL.name, arch)["rules"]
+             if r["config"].get("family") == "gluon"]
+    return tuning.format_table(KERNEL.name, arch, gluon + rules, source, env)
 
 
 def split_findings(tiles: list[Case], res: Results) -> list[dict]:

@@ -46,12 +46,16 @@ def time_cuda_graph(fn: Callable[[], None], replays: int = 200, warmup: int = 3,
     return time_replays(graph.replay, replays, prequeue_cycles)
 
 
-def time_replays(replay: Callable[[], None], replays: int, prequeue_cycles: int = 0) -> float:
+def time_replays(replay: Callable[[], None], replays: int, prequeue_cycles: int = 0,
+                 before: Callable[[], None] | None = None) -> float:
     """Median microseconds of ``replay()`` (an already captured graph's), each call between two
-    events, behind a GPU sleep of ``prequeue_cycles`` when nonzero."""
+    events, behind a GPU sleep of ``prequeue_cycles`` when nonzero; ``before()`` runs on the
+    host ahead of each (a barrier between ranks, say)."""
     times = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(replays):
+        if before is not None:
+            before()
         if prequeue_cycles:
             torch.cuda._sleep(prequeue_cycles)
         start.record()

@@ -115,6 +115,12 @@ _OVERRIDE = ({"allow_override": True}
              else {})
 
 
+def schema_of(op: torch._ops.OpOverload) -> torch._C.FunctionSchema:
+    """The registered schema of an op overload: ``OpOverload._schema``, torch's private
+    attribute (no public accessor exists), read here only. ``tests/test_library.py`` pins it."""
+    return op._schema
+
+
 def _register_grad_refusal(lib: torch.library.Library, name: str) -> None:
     """Autograd-key kernel of ``mla::<name>``: refuse grad, else run the op below autograd.
 
@@ -124,7 +130,7 @@ def _register_grad_refusal(lib: torch.library.Library, name: str) -> None:
     and leaves the outputs silently detached. ``tests/test_library.py`` fails when these move.
     """
     op = getattr(getattr(torch.ops, LIB), name).default
-    names = [a.name for a in op._schema.arguments]
+    names = [a.name for a in schema_of(op).arguments]
 
     def autograd_kernel(keyset, *args, **kwargs):
         if torch.is_grad_enabled():
@@ -169,9 +175,9 @@ def _define_in_python() -> None:
 def _register_onto_cpp() -> None:
     for name in spec.OPS:
         op = getattr(getattr(torch.ops, LIB), name).default
-        if str(op._schema) != f"{LIB}::{name}{SCHEMAS[name]}":
+        if str(schema_of(op)) != f"{LIB}::{name}{SCHEMAS[name]}":
             raise RuntimeError(
-                f"mla_ops: the C++ library {EXTENSION} defines {op._schema}, but this package "
+                f"mla_ops: the C++ library {EXTENSION} defines {schema_of(op)}, but this package "
                 f"expects {LIB}::{name}{SCHEMAS[name]}: it is stale. Rebuild it "
                 f"(pip install --no-build-isolation -e .) or set {_ext.ENV_NO_EXT}=1.")
         for key, kernel in KERNELS[name].items():

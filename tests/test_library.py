@@ -29,15 +29,15 @@ def _verify(device, batch=2, heads=4, lens=(37, 20), real=None, dtype=torch.floa
 class TestSchemas(expecttest.TestCase):
     def test_schemas_pinned(self):
         self.assertExpectedInline(
-            str(torch.ops.mla.decode_verify.default._schema),
+            str(library.schema_of(torch.ops.mla.decode_verify.default)),
             """mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()""",
         )
         self.assertExpectedInline(
-            str(torch.ops.mla.warmup_decode_verify.default._schema),
+            str(library.schema_of(torch.ops.mla.warmup_decode_verify.default)),
             """mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()""",
         )
         self.assertExpectedInline(
-            str(torch.ops.mla.context_attention.default._schema),
+            str(library.schema_of(torch.ops.mla.context_attention.default)),
             """mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()""",
         )
 
