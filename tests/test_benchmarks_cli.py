@@ -647,6 +647,7 @@ def test_prefill_sweep_rules_and_the_table_they_make():
         tuning.table.cache_clear()
 
 
+@CPU_ONLY  # forcing the portable family launches Triton on CPU tensors: the interpreter only
 def test_towers_interpret_run(tmp_path):
     out = tmp_path / "t.json"
     assert vit_towers_e2e.main(["--interpret", "--towers", "qwen2.5-vl", "--images", "2",

@@ -108,7 +108,7 @@ def test_padded_head_stride_72(device, head_stride, aligned):
                         head_stride=head_stride, causal=False)
     args = case.op_args()
     assert L.head_stride_aligned_8(args["q"], args["k"], args["v"], args["o"]) is aligned
-    launch = L.build_launch(**args)
+    launch = L.build_launch(**args, config={"family": "triton"})  # the portable kernel's hint
     # Where the compiler needs it (CUDA, this triton) unaligned views run on aligned copies.
     assert launch.kwargs["HEAD_STRIDE_ALIGNED_8"] is (aligned or launch.copied)
     _run(case)
@@ -128,14 +128,16 @@ def test_unaligned_copy_path(device):
 
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["D64", "D128"])
 def test_split_off_bit_identical_pow2(device, head_dim):
-    """A power-of-2 head dim runs the same single-block kernel with the split logic on or off."""
+    """A power-of-2 head dim runs the same single-block portable kernel with the split logic on
+    or off."""
     case = encoder_case(device, lens=[9, 70], hq=2, hkv=1, d=head_dim)
     args = case.op_args()
-    on = L.build_launch(**args, config=SMALL_TILES)
-    off = L.build_launch(**args, config={**SMALL_TILES, "split_head_dim": False})
+    portable = {**SMALL_TILES, "family": "triton"}
+    on = L.build_launch(**args, config=portable)
+    off = L.build_launch(**args, config={**portable, "split_head_dim": False})
     assert on.config == off.config and on.config["BLOCK_D_TAIL"] == 0
-    o_on = case.run(config=SMALL_TILES or None)
-    o_off = case.run(config={**SMALL_TILES, "split_head_dim": False})
+    o_on = case.run(config=portable)
+    o_off = case.run(config={**portable, "split_head_dim": False})
     assert torch.equal(o_on, o_off)
 
 

@@ -117,6 +117,12 @@ def test_supported_shapes(monkeypatch):
             split = L.head_dim_split(d)
             cfg = {"BLOCK_N": 64} if d > 128 else {}
             assert gla.gluon_unsupported_shape(torch.device("cuda"), dt, d, split, False, cfg) is None, d
+            # The table's fact (no config yet: its rule brings BLOCK_N) holds for every one.
+            assert gla.gluon_unsupported_shape(torch.device("cuda"), dt, d, split, False) is None, d
+    split = L.head_dim_split(256)
+    why = gla.gluon_unsupported_shape(torch.device("cuda"), torch.bfloat16, 256, split, False,
+                                      {"BLOCK_N": 128})
+    assert why and "BLOCK_N 64" in why
 
 
 def test_meta_launches_stay_portable():

@@ -127,10 +127,14 @@ def gluon_unsupported_shape(device: torch.device, dtype: torch.dtype, head_dim: 
                 f"(no tail beside a 128-wide block: not compiled or measured)")
     if head_dim not in VERIFIED_HEAD_DIMS:
         return f"head dim {head_dim}: not yet checked on the GPU (verified: {VERIFIED_HEAD_DIMS})"
-    if main == 256 and c["BLOCK_N"] > 64:
-        return "head dim 256 needs BLOCK_N 64 (registers)"
     if windowed:
         return "sliding windows run on the portable kernel"
+    if cfg is None:
+        # The table's fact: the launch's shape only. BLOCK_N and the ring depth come from the
+        # rule it selects, checked against them here again before the launch.
+        return None
+    if main == 256 and c["BLOCK_N"] > 64:
+        return "head dim 256 needs BLOCK_N 64 (registers)"
     if gluon_shared_bytes(split, c) > SMEM_LIMIT - 2048:
         return f"shared memory {gluon_shared_bytes(split, c)} B > 227 KB: fewer stages or BLOCK_N"
     return None
