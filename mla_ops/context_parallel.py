@@ -362,7 +362,8 @@ class CPVerify:
 
     def __init__(self, group, *, max_batch: int, max_qlen: int, num_heads: int, Lv: int, Lk: int,
                  dtype: torch.dtype, device, page_size: int, sm_scale: float, interleave: int,
-                 kv_dtype: torch.dtype | None = None, max_seq_len: int | None = None, num_kv_splits: int | None = None,
+                 kv_dtype: torch.dtype | None = None, max_seq_len: int | None = None,
+                 num_kv_splits: int | None = None,
                  method: str = "rs", comm_dtype: torch.dtype | None = None, kernel: str = "auto",
                  config: dict[str, Any] | None = None):
         self.group = group
