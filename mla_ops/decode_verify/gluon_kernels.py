@@ -178,7 +178,6 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
-    COL_O: gl.constexpr = gl.SliceLayout(0, MMA_O)
     TILE_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # a [rows, 64] tile
     V_TILES: gl.constexpr = LV // _DT // 2  # V column tiles of this group
     V0: gl.constexpr = WG * V_TILES
@@ -292,38 +291,10 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
         else:
             mbarrier.arrive(kv_empty.index(s), count=1)
 
-    # Epilogue: rows that saw no key get o = 0, lse = -inf.
-    has_key = l_i > 0.0
-    inv_l = gl.where(has_key, k_scale / gl.where(has_key, l_i, 1.0), 0.0)  # V dequantized too
-    lse = gl.where(has_key, (m_i + gl.log2(gl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
-    rows_o = gl.arange(0, _BM, layout=ROW_O)
-    tok_o = tok0 + rows_o // HEAD_BOX
-    head_o = head0 + rows_o % HEAD_BOX
-    q_row = (pid_b * qlen + tok_o).to(gl.int64)
-    inv_o = gl.convert_layout(inv_l, ROW_O)[:, None]
-    cols = gl.arange(0, _DT, layout=COL_O)
-    mask = (tok_o < qlen)[:, None] & (cols[None, :] < _DT)
-    col0 = WG * (LV // 2)
-    q_row_l = (pid_b * qlen + tok).to(gl.int64)
-    head_l = head0 + rows % HEAD_BOX
-    if SINGLE:
-        p_o = O + q_row[:, None] * stride_om + head_o[:, None] * stride_oh + col0 + cols[None, :]
-        gl.store(p_o, (acc0 * inv_o).to(O.dtype.element_ty), mask=mask)
-        gl.store(p_o + _DT, (acc1 * inv_o).to(O.dtype.element_ty), mask=mask)
-        gl.store(p_o + 2 * _DT, (acc2 * inv_o).to(O.dtype.element_ty), mask=mask)
-        gl.store(p_o + 3 * _DT, (acc3 * inv_o).to(O.dtype.element_ty), mask=mask)
-        if WG == 0:
-            gl.store(Lse + q_row_l * stride_lm + head_l * stride_lh, lse, mask=row_valid)
-    else:
-        p_m = (Mid + q_row[:, None] * stride_mid_m + head_o[:, None] * stride_mid_h
-               + pid_s * stride_mid_s + col0 + cols[None, :])
-        gl.store(p_m, acc0 * inv_o, mask=mask)
-        gl.store(p_m + _DT, acc1 * inv_o, mask=mask)
-        gl.store(p_m + 2 * _DT, acc2 * inv_o, mask=mask)
-        gl.store(p_m + 3 * _DT, acc3 * inv_o, mask=mask)
-        if WG == 0:
-            gl.store(Mid + q_row_l * stride_mid_m + head_l * stride_mid_h + pid_s * stride_mid_s + LV,
-                     lse, mask=row_valid)
+    # k_scale dequantizes V too.
+    _store_out(WG, acc0, acc1, acc2, acc3, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O),
+               k_scale, O, Lse, Mid, pid_b, pid_s, tok0, head0, qlen, stride_om, stride_oh, stride_lm,
+               stride_lh, stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, MMA_O)
 
 
 @gluon.jit
