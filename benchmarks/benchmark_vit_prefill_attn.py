@@ -51,6 +51,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="K/V through tensor descriptors (1) or pointers (0)")
     p.add_argument("--no-hint", action="store_true", help="drop the HEAD_STRIDE_ALIGNED_8 hint")
     p.add_argument("--no-split", action="store_true", help="pad the head dim to a power of 2")
+    p.add_argument("--config", type=json.loads, default=None, metavar="JSON",
+                   help="config keys laid over the table's, after the flags above: e.g. "
+                   "'{\"PIPELINE\": 1, \"PINGPONG\": 0}' with --backend mla-gluon (the Gluon "
+                   "kernel's schedules)")
     p.add_argument("--warmup-ms", type=int, default=25)
     p.add_argument("--rep-ms", type=int, default=100)
     p.add_argument("--ceilings", action="store_true", help="measure copy/matmul ceilings too")

@@ -102,6 +102,8 @@ def launch_overrides(args: argparse.Namespace) -> dict[str, Any]:
         ov["aligned"] = False
     if args.no_split:
         ov["split_head_dim"] = False
+    if args.config:
+        ov.update(args.config)
     return ov
 
 

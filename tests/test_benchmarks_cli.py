@@ -563,6 +563,11 @@ def test_prefill_arguments():
     assert prefill.launch_overrides(a) == {"BLOCK_M": 64, "num_warps": 4, "tma": False,
                                            "aligned": False, "split_head_dim": False}
     assert prefill.launch_overrides(a)["tma"] is False  # a bool, as the tables write it
+    c = benchmark_vit_prefill_attn.parse_args(["--bn", "64", "--config", '{"PINGPONG": 0, "BLOCK_N": 128}'])
+    assert prefill.launch_overrides(c) == {"BLOCK_N": 128, "PINGPONG": 0}  # --config last
+    assert prefill.family_config("mla-gluon", prefill.launch_overrides(c))["family"] == "gluon"
+    with pytest.raises(SystemExit):
+        benchmark_vit_prefill_attn.parse_args(["--config", "{PINGPONG: 0}"])  # not JSON
     assert benchmark_vit_prefill_attn.shapes(a)[0] == ("P2", 1, 3520, 16, 72)
     a = benchmark_vit_prefill_attn.parse_args(["--seq", "100", "--head-dim", "80"])
     assert benchmark_vit_prefill_attn.shapes(a) == [("custom", 1, 100, 16, 80)]
