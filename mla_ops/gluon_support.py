@@ -8,10 +8,14 @@ shape and dtype rules on top and route what they do not cover to the portable ke
 
 from __future__ import annotations
 
+import functools
+from typing import Sequence
+
 import torch
 import triton
 
-__all__ = ["GLUON_TRITON_VERSIONS", "gluon_available", "sm90_reason", "TensorDescriptor", "gl"]
+__all__ = ["GLUON_TRITON_VERSIONS", "gluon_available", "sm90_reason", "TensorDescriptor", "gl",
+           "descriptor"]
 
 GLUON_TRITON_VERSIONS = ("3.6",)  # the Gluon API this code is written for
 
@@ -44,3 +48,18 @@ def sm90_reason(device: torch.device) -> str | None:
     if cap != (9, 0):
         return f"compute capability {cap}: sm_90 only (wgmma)"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_layout(block: tuple[int, ...], dtype) -> "gl.NVMMASharedLayout":
+    return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
+
+
+def descriptor(t: torch.Tensor, shape: Sequence[int], strides: Sequence[int], block: Sequence[int],
+               dtype) -> "TensorDescriptor":
+    """A host TMA descriptor over ``t`` with boxes ``block`` of Gluon dtype ``dtype``.
+
+    The shared-memory layout of a (box, dtype) is built once per process: building it costs
+    about as much host time as the rest of the descriptor, and eager launches (an encoder run
+    outside a CUDA graph) make several descriptors per call."""
+    return TensorDescriptor(t, list(shape), list(strides), list(block), _shared_layout(tuple(block), dtype))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import triton
 
-from ..gluon_support import GLUON_TRITON_VERSIONS, sm90_reason
+from ..gluon_support import GLUON_TRITON_VERSIONS, descriptor, sm90_reason
 from ..gluon_support import gluon_available as _api_available
 
 __all__ = [
@@ -86,11 +86,10 @@ _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
 
 try:  # the Gluon API of triton 3.6 (gluon_support says why not, where it does not import)
     from triton.experimental.gluon import language as _gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonTensorDescriptor
 
     from . import gluon_kernels as _gk
 except Exception as e:  # pragma: no cover - depends on the installed triton
-    _gl = _GluonTensorDescriptor = _gk = None
+    _gl = _gk = None
     _KERNELS_ERROR = f"{type(e).__name__}: {e}"
 else:
     _KERNELS_ERROR = None
@@ -188,18 +187,12 @@ def _descriptors(q, k_buffer, page_size, block_n):
     """Host TMA descriptors: q as ``[B*qlen, H, Lk]`` with boxes ``[64 / HEAD_BOX, HEAD_BOX, 64]``
     (``HEAD_BOX = min(H, 64)``: a box is one 64-row block), the cache as
     ``[num_pages, page_size, Lk]`` with boxes ``[1, block_n, 64]``."""
-    gl = _gl
-    h = q.shape[1]
-    head_box = min(h, 64)
-    q_block = [64 // head_box, head_box, 64]
-    q_layout = gl.NVMMASharedLayout.get_default_for(q_block, gl.bfloat16)
-    q_desc = _GluonTensorDescriptor(q, list(q.shape), list(q.stride()), q_block, q_layout)
+    head_box = min(q.shape[1], 64)
+    q_desc = descriptor(q, q.shape, q.stride(), (64 // head_box, head_box, 64), _gl.bfloat16)
     num_pages, s_page, s_tok = _cache_geometry(k_buffer, page_size)
-    kdt = gl.float8e4nv if k_buffer.dtype == torch.float8_e4m3fn else gl.bfloat16
-    k_block = [1, block_n, 64]
-    k_layout = gl.NVMMASharedLayout.get_default_for(k_block, kdt)
-    k_desc = _GluonTensorDescriptor(k_buffer, [num_pages, page_size, k_buffer.shape[-1]],
-                                    [s_page, s_tok, 1], k_block, k_layout)
+    kdt = _gl.float8e4nv if k_buffer.dtype == torch.float8_e4m3fn else _gl.bfloat16
+    k_desc = descriptor(k_buffer, (num_pages, page_size, k_buffer.shape[-1]), (s_page, s_tok, 1),
+                        (1, block_n, 64), kdt)
     return q_desc, k_desc
 
 

@@ -19,7 +19,7 @@ import torch
 import triton
 
 from ..gluon_support import gluon_available as _api_available
-from ..gluon_support import sm90_reason
+from ..gluon_support import descriptor, sm90_reason
 
 __all__ = [
     "GLUON_DEFAULT_CONFIG",
@@ -67,11 +67,10 @@ _LOG2E = 1.4426950408889634
 
 try:
     from triton.experimental.gluon import language as _gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _TensorDescriptor
 
     from . import gluon_kernels as _gk
 except Exception as e:  # pragma: no cover - depends on the installed triton
-    _gl = _TensorDescriptor = _gk = None
+    _gl = _gk = None
     _KERNELS_ERROR = f"{type(e).__name__}: {e}"
 else:
     _KERNELS_ERROR = None
@@ -160,10 +159,8 @@ def gluon_unsupported_reason(q, k, v, o, split, windowed, cfg) -> str | None:
 def _descriptor(t: torch.Tensor, rows: int, width: int):
     """A rank-3 host descriptor over ``t`` ``[tokens, heads, D]`` with boxes ``[rows, 1, width]``
     (columns past D read as zeros)."""
-    block = [rows, 1, width]
     gdt = _gl.bfloat16 if t.dtype == torch.bfloat16 else _gl.float16
-    layout = _gl.NVMMASharedLayout.get_default_for(block, gdt)
-    return _TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    return descriptor(t, t.shape, t.stride(), (rows, 1, width), gdt)
 
 
 def launch_prefill_gluon(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal,
