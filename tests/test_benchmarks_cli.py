@@ -25,6 +25,7 @@ from builders import decode_case, encoder_case  # noqa: E402
 
 from benchmarks import (  # noqa: E402
     ab_decode_verify,
+    ab_prefill,
     benchmark_decode_verify,
     benchmark_vit_prefill_attn,
     cli,
@@ -615,6 +616,32 @@ def test_prefill_interpret_run_and_sweep(tmp_path):
     assert len(json.loads(log.read_text())["rows"]) == 2
 
 
+@CPU_ONLY
+def test_prefill_ab_interpret_run_compares_variants(tmp_path, monkeypatch):
+    out = tmp_path / "ab.json"
+    variants = ['{}', '{"BLOCK_M": 16, "BLOCK_N": 16, "name": "small"}']
+    assert ab_prefill.main(["--interpret", "--rounds", "2", "--variant", *variants,
+                            "--json", str(out)]) == 0
+    table, small = json.loads(out.read_text())["rows"]
+    assert (table["variant"], small["variant"]) == ("table", "small")
+    assert table["ratio"] == 1.0 and small["ratio"] == pytest.approx(small["ms"] / table["ms"])
+    assert len(small["times_ms"]) == 2 and small["config"]["BLOCK_N"] == 16
+    assert table["max_abs_diff"] == 0.0 and 0.0 < small["max_abs_diff"] < 1e-2 and small["ok"]
+    # A variant whose output is off fails the run.
+    real = prefill.mla_fn
+
+    def off_by_one(inputs, seq, causal, config):
+        fn, cfg = real(inputs, seq, causal, config)
+        if not config or config.get("BLOCK_M") != 16:
+            return fn, cfg
+        return (lambda: (fn(), inputs[3].add_(1.0))), cfg
+
+    monkeypatch.setattr(prefill, "mla_fn", off_by_one)
+    assert ab_prefill.main(["--interpret", "--rounds", "1", "--variant", *variants]) == 1
+    with pytest.raises(SystemExit):
+        ab_prefill.parse_args(["--variant", "[1]"])
+
+
 def test_prefill_sweep_rules_and_the_table_they_make():
     def m(d, c, ms):
         return {"D": d, "cand": list(c), "ms": ms}
@@ -677,8 +704,8 @@ def test_without_gpu_or_interpret_a_script_says_so(capsys, monkeypatch):
     asked = []
     monkeypatch.setattr(cli, "pick_device", lambda interpret, prog: asked.append((interpret, prog)))
     mains = [bench.main, sweep_decode_verify.main, ab_decode_verify.main,
-             benchmark_vit_prefill_attn.main, vit_towers_e2e.main]
-    assert [m([]) for m in mains] == [2] * 5
+             benchmark_vit_prefill_attn.main, vit_towers_e2e.main, ab_prefill.main]
+    assert [m([]) for m in mains] == [2] * 6
     assert asked == [(False, m.__module__.split(".")[-1] + ".py") for m in mains]
 
 
