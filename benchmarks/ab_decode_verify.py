@@ -124,14 +124,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             chk = decode.check_call(fn, inp, ref, decode.CHECK_RTOL[dtype])
             failed |= not chk["ok"]
             calls.append((label, over, splits, cfg, fn, chk))
-        times: dict[str, list[float]] = {c[0]: [] for c in calls}
-        idle: dict[str, list[float]] = {c[0]: [] for c in calls}
-        for _ in range(args.rounds):
-            for label, _o, _s, _c, fn, _chk in calls:
-                times[label].append(harness.time_call(fn, device, args.replays)[0])
-                if args.no_prequeue:
-                    idle[label].append(harness.time_call(fn, device, args.replays,
-                                                         prequeue=False)[0])
+        timers = {c[0]: (lambda fn=c[4]: harness.time_call(fn, device, args.replays)[0])
+                  for c in calls}
+        if args.no_prequeue:
+            timers.update({f"{c[0]} (idle)": (lambda fn=c[4]: harness.time_call(
+                fn, device, args.replays, prequeue=False)[0]) for c in calls})
+        times = harness.interleaved(timers, args.rounds)
         first = statistics.median(times[calls[0][0]])
         nbytes, nflops = unique_bytes(case, 2), flops(case)
         print(f"{case.name or '-'} ({case.label}):")
@@ -143,8 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "TBps": nbytes / (t * 1e-6) / 1e12, "TFLOPs": nflops / (t * 1e-6) / 1e12,
                    "check": chk}
             extra = ""
-            if idle[label]:
-                row["idle_time_us"] = statistics.median(idle[label])
+            if args.no_prequeue:
+                row["idle_time_us"] = statistics.median(times[f"{label} (idle)"])
                 extra = f", from idle {row['idle_time_us']:.1f} us"
             rows.append(row)
             spread = (max(times[label]) - min(times[label])) / t
@@ -154,9 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         del inp, ref, calls
         if device == "cuda":
             torch.cuda.empty_cache()
-    if args.json:
-        results.write_json(args.json, rows, command=results.command_line(PROG, argv), env=env)
-        print(f"wrote {args.json}")
+    cli.write_rows(args.json, rows, command=results.command_line(PROG, argv), env=env)
     return 1 if failed else 0
 
 

@@ -104,10 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if device == "cuda":
             calls += [(f"sdpa-{be}", prefill.sdpa_fn(inputs, b, s, causal, be), {})
                       for be in args.sdpa]
-        times: dict[str, list[float]] = {c[0]: [] for c in calls}
-        for _ in range(args.rounds):
-            for label, fn, _ in calls:
-                times[label].append(harness.time_ms(fn, device, rep_ms=args.rep_ms))
+        times = harness.interleaved(
+            {label: (lambda fn=fn: harness.time_ms(fn, device, rep_ms=args.rep_ms))
+             for label, fn, _ in calls}, args.rounds)
         first = statistics.median(times[calls[0][0]])
         print(f"{name} (B{b} S{s} H{h} D{d}{' causal' if causal else ''}):")
         for label, fn, extra in calls:
@@ -124,9 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         del inputs, calls, first_out
         if device == "cuda":
             torch.cuda.empty_cache()
-    if args.json:
-        results.write_json(args.json, rows, command=results.command_line(PROG, argv), env=env)
-        print(f"wrote {args.json}")
+    cli.write_rows(args.json, rows, command=results.command_line(PROG, argv), env=env)
     return 1 if failed else 0
 
 

@@ -92,8 +92,16 @@ def finish(rows: list[dict], columns: list[str], json_path: str | None, *, comma
     """Write the JSON (if asked) and print the short table of ``table`` (default ``rows``)."""
     from benchmarks import results
 
+    write_rows(json_path, rows, ceilings, command=command, env=env)
+    print()
+    results.print_table(rows if table is None else table, columns)
+
+
+def write_rows(json_path: str | None, rows: list[dict], ceilings: dict | None = None, *,
+               command: str, env: dict) -> None:
+    """Write the JSON of a run, and say so, when ``--json`` asked for it."""
+    from benchmarks import results
+
     if json_path:
         results.write_json(json_path, rows, ceilings, command=command, env=env)
         print(f"wrote {json_path}")
-    print()
-    results.print_table(rows if table is None else table, columns)

@@ -97,6 +97,16 @@ def replay_plan(est_us: float, max_replays: int, target_ms: float,
     return replays, PREQUEUE_CYCLES if prequeue else 0
 
 
+def interleaved(timers: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """``{label: [one time per round]}``: every timer run once per round, round-robin, so that a
+    drift of the machine (clocks, temperature, a neighbour) hits every label alike."""
+    times: dict[str, list[float]] = {label: [] for label in timers}
+    for _ in range(rounds):
+        for label, timer in timers.items():
+            times[label].append(timer())
+    return times
+
+
 def time_do_bench(fn: Callable[[], None], warmup_ms: int = 25, rep_ms: int = 100) -> float:
     """Median milliseconds of ``fn()`` by ``triton.testing.do_bench``."""
     import triton
