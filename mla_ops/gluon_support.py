@@ -9,13 +9,15 @@ shape and dtype rules on top and route what they do not cover to the portable ke
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+import importlib
+from types import ModuleType
+from typing import Callable, Sequence
 
 import torch
 import triton
 
-__all__ = ["GLUON_TRITON_VERSIONS", "gluon_available", "sm90_reason", "TensorDescriptor", "gl",
-           "descriptor"]
+__all__ = ["GLUON_TRITON_VERSIONS", "gluon_available", "load_kernels", "sm90_reason",
+           "TensorDescriptor", "gl", "descriptor"]
 
 GLUON_TRITON_VERSIONS = ("3.6",)  # the Gluon API this code is written for
 
@@ -36,6 +38,21 @@ def gluon_available() -> str | None:
     if _IMPORT_ERROR is not None:
         return f"triton.experimental.gluon does not import: {_IMPORT_ERROR}"
     return None
+
+
+def load_kernels(package: str) -> tuple[ModuleType | None, Callable[[], str | None]]:
+    """``(package.gluon_kernels or None, availability)``: the family's kernel module, where it
+    imports, and its ``gluon_available``: None if this triton has the Gluon API and the kernels
+    import, else why not."""
+    try:
+        module, error = importlib.import_module(".gluon_kernels", package), None
+    except Exception as e:  # pragma: no cover - depends on the installed triton
+        module, error = None, f"{package}.gluon_kernels does not import: {type(e).__name__}: {e}"
+
+    def available() -> str | None:
+        return gluon_available() or error
+
+    return module, available
 
 
 def sm90_reason(device: torch.device) -> str | None:

@@ -48,6 +48,20 @@ def _gluon_rules():
             if r["config"].get("family") == "gluon"]
 
 
+def test_a_family_whose_kernels_do_not_import_says_why():
+    from mla_ops import gluon_support
+
+    module, available = gluon_support.load_kernels("mla_ops.merge")  # it has no gluon_kernels
+    assert module is None
+    why = available()
+    assert why is not None and why.startswith(gluon_support.gluon_available() or
+                                              "mla_ops.merge.gluon_kernels does not import")
+    # Both families' kernels import where the Gluon API does.
+    from mla_ops.decode_verify import gluon_launch as dgla
+
+    assert (gla._gk is None) == (dgla._gk is None) == (_GLUON_WHY is not None)
+
+
 def test_gluon_rules_need_the_gluon_fact():
     assert set(tuning.KERNELS["prefill"].defaults) == {"triton", "gluon"}
     rules = _gluon_rules()

@@ -22,8 +22,7 @@ from typing import Any
 import torch
 import triton
 
-from ..gluon_support import GLUON_TRITON_VERSIONS, descriptor, sm90_reason
-from ..gluon_support import gluon_available as _api_available
+from ..gluon_support import GLUON_TRITON_VERSIONS, descriptor, gl, load_kernels, sm90_reason
 
 __all__ = [
     "GLUON_TRITON_VERSIONS",
@@ -84,22 +83,8 @@ def gluon_recommended_config(num_heads: int, qlen: int, fp8: bool) -> dict[str, 
 _LOG2E = 1.4426950408889634
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
 
-try:  # the Gluon API of triton 3.6 (gluon_support says why not, where it does not import)
-    from triton.experimental.gluon import language as _gl
-
-    from . import gluon_kernels as _gk
-except Exception as e:  # pragma: no cover - depends on the installed triton
-    _gl = _gk = None
-    _KERNELS_ERROR = f"{type(e).__name__}: {e}"
-else:
-    _KERNELS_ERROR = None
-
-
-def gluon_available() -> str | None:
-    """None if this triton has the Gluon API this code is written for and the kernels import,
-    else why not."""
-    return _api_available() or (f"gluon_kernels does not import: {_KERNELS_ERROR}"
-                                if _KERNELS_ERROR else None)
+# The kernels (None where they do not import) and gluon_available(): None, or why not.
+_gk, gluon_available = load_kernels(__package__)
 
 
 def _cache_geometry(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int, int]:
@@ -188,9 +173,9 @@ def _descriptors(q, k_buffer, page_size, block_n):
     (``HEAD_BOX = min(H, 64)``: a box is one 64-row block), the cache as
     ``[num_pages, page_size, Lk]`` with boxes ``[1, block_n, 64]``."""
     head_box = min(q.shape[1], 64)
-    q_desc = descriptor(q, q.shape, q.stride(), (64 // head_box, head_box, 64), _gl.bfloat16)
+    q_desc = descriptor(q, q.shape, q.stride(), (64 // head_box, head_box, 64), gl.bfloat16)
     num_pages, s_page, s_tok = _cache_geometry(k_buffer, page_size)
-    kdt = _gl.float8e4nv if k_buffer.dtype == torch.float8_e4m3fn else _gl.bfloat16
+    kdt = gl.float8e4nv if k_buffer.dtype == torch.float8_e4m3fn else gl.bfloat16
     k_desc = descriptor(k_buffer, (num_pages, page_size, k_buffer.shape[-1]), (s_page, s_tok, 1),
                         (1, block_n, 64), kdt)
     return q_desc, k_desc

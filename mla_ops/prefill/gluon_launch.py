@@ -18,8 +18,7 @@ from typing import Any
 import torch
 import triton
 
-from ..gluon_support import gluon_available as _api_available
-from ..gluon_support import descriptor, sm90_reason
+from ..gluon_support import descriptor, gl, load_kernels, sm90_reason
 
 __all__ = [
     "GLUON_DEFAULT_CONFIG",
@@ -65,21 +64,8 @@ VERIFIED_HEAD_DIMS = (64, 72, 80, 96, 128, 256)
 SMEM_LIMIT = 232448  # bytes of shared memory a CTA may have on sm_90 (227 KB)
 _LOG2E = 1.4426950408889634
 
-try:
-    from triton.experimental.gluon import language as _gl
-
-    from . import gluon_kernels as _gk
-except Exception as e:  # pragma: no cover - depends on the installed triton
-    _gl = _gk = None
-    _KERNELS_ERROR = f"{type(e).__name__}: {e}"
-else:
-    _KERNELS_ERROR = None
-
-
-def gluon_available() -> str | None:
-    """None if this triton has the Gluon API the kernel is written for, else why not."""
-    return _api_available() or (f"prefill gluon_kernels does not import: {_KERNELS_ERROR}"
-                                if _KERNELS_ERROR else None)
+# The kernels (None where they do not import) and gluon_available(): None, or why not.
+_gk, gluon_available = load_kernels(__package__)
 
 
 def gluon_shared_bytes(split: tuple[int, int], cfg: dict[str, Any]) -> int:
@@ -159,7 +145,7 @@ def gluon_unsupported_reason(q, k, v, o, split, windowed, cfg) -> str | None:
 def _descriptor(t: torch.Tensor, rows: int, width: int):
     """A rank-3 host descriptor over ``t`` ``[tokens, heads, D]`` with boxes ``[rows, 1, width]``
     (columns past D read as zeros)."""
-    gdt = _gl.bfloat16 if t.dtype == torch.bfloat16 else _gl.float16
+    gdt = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
     return descriptor(t, t.shape, t.stride(), (rows, 1, width), gdt)
 
 
