@@ -75,7 +75,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv, args, device = cli.start(argv, parse_args, PROG)
     if device is None:
         return 2
-    import torch
 
     dtype = prefill.DTYPES["fp16" if args.interpret else "bf16"]
     shapes = ({"interpret": PREFILL_INTERPRET} if args.interpret
@@ -120,9 +119,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {label:60s} {t:8.4f} ms (x{t / first:.3f}, spread {row['spread']:.1%})"
                   + (f", host {row['host_us']:.0f} us/call" if "host_us" in row else "")
                   + ("" if extra.get("ok", True) else f" FAIL diff {extra['max_abs_diff']:.2e}"))
-        del inputs, calls, first_out
-        if device == "cuda":
-            torch.cuda.empty_cache()
     cli.write_rows(args.json, rows, command=results.command_line(PROG, argv), env=env)
     return 1 if failed else 0
 
