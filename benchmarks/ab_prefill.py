@@ -8,7 +8,8 @@ A variant is a JSON object of config overrides (``{}``: the table as selected;
 ``{"family": "gluon", "PINGPONG": 0}``: the Gluon kernel's other schedule) with an optional
 ``"name"``. ``--host`` also times the host side of one eager call of each variant (the GPU held
 busy by a queued sleep, so the host never waits for it): an encoder run outside a CUDA graph is
-host-bound where this exceeds the kernel's time.
+host-bound where this exceeds the kernel's time. ``--graph`` times CUDA-graph replays instead
+(the kernels alone, as inside a captured model).
 
     PYTHONPATH=. python benchmarks/ab_prefill.py --shape P2 P7 C7 --sdpa cudnn --host \\
         --variant '{"family": "gluon", "PIPELINE": 0, "PINGPONG": 0}' '{"family": "gluon"}' \\
@@ -45,6 +46,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="SDPA backends timed beside the variants (default cudnn)")
     p.add_argument("--rounds", type=cli.positive, default=5)
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench time per timing")
+    p.add_argument("--graph", action="store_true",
+                   help="time CUDA-graph replays (the kernels alone) instead of eager do_bench")
     p.add_argument("--host", action="store_true", help="also time each variant's host side")
     cli.add_common(p)
     args = p.parse_args(argv)
@@ -103,9 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if device == "cuda":
             calls += [(f"sdpa-{be}", prefill.sdpa_fn(inputs, b, s, causal, be), {})
                       for be in args.sdpa]
-        times = harness.interleaved(
-            {label: (lambda fn=fn: harness.time_ms(fn, device, rep_ms=args.rep_ms))
-             for label, fn, _ in calls}, args.rounds)
+        if args.graph and device == "cuda":
+            timers = {label: (lambda fn=fn: harness.time_cuda_graph(fn, replays=100) * 1e-3)
+                      for label, fn, _ in calls}
+        else:
+            timers = {label: (lambda fn=fn: harness.time_ms(fn, device, rep_ms=args.rep_ms))
+                      for label, fn, _ in calls}
+        times = harness.interleaved(timers, args.rounds)
         first = statistics.median(times[calls[0][0]])
         print(f"{name} (B{b} S{s} H{h} D{d}{' causal' if causal else ''}):")
         for label, fn, extra in calls:

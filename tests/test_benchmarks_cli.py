@@ -637,7 +637,7 @@ def test_prefill_ab_interpret_run_compares_variants(tmp_path, monkeypatch):
         return (lambda: (fn(), inputs[3].add_(1.0))), cfg
 
     monkeypatch.setattr(prefill, "mla_fn", off_by_one)
-    assert ab_prefill.main(["--interpret", "--rounds", "1", "--variant", *variants]) == 1
+    assert ab_prefill.main(["--interpret", "--rounds", "1", "--graph", "--variant", *variants]) == 1
     with pytest.raises(SystemExit):
         ab_prefill.parse_args(["--variant", "[1]"])
 

@@ -62,6 +62,20 @@ def test_a_family_whose_kernels_do_not_import_says_why():
     assert (gla._gk is None) == (dgla._gk is None) == (_GLUON_WHY is not None)
 
 
+@pytest.mark.skipif(_GLUON_WHY is not None, reason=f"no Gluon of triton 3.6 here: {_GLUON_WHY}")
+def test_descriptors_share_one_shared_layout_per_box():
+    """Building the layout costs as much host time as the rest of a descriptor, and an eager
+    encoder call makes six: it is built once per (box, dtype)."""
+    from mla_ops import gluon_support
+
+    t = torch.zeros(64, 2, 80, dtype=torch.bfloat16)
+    a, b = gla._descriptor(t, 64, 64), gla._descriptor(t[:32], 64, 64)
+    assert a.layout is b.layout and a.block_shape == [64, 1, 64] and b.shape == [32, 2, 80]
+    assert a.layout == gluon_support.gl.NVMMASharedLayout.get_default_for([64, 1, 64],
+                                                                          gluon_support.gl.bfloat16)
+    assert gla._descriptor(t, 64, 16).layout is not a.layout  # another box, another layout
+
+
 def test_gluon_rules_need_the_gluon_fact():
     assert set(tuning.KERNELS["prefill"].defaults) == {"triton", "gluon"}
     rules = _gluon_rules()
