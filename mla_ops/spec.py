@@ -82,9 +82,13 @@ def each(over, name, cond, msg, exc="ValueError") -> Rule:
     return Rule("each", cond, exc, msg, name=name, over=over)
 
 
-def tensor(x, rank=None, dtypes=None, when=None) -> list[Rule]:
-    """Rank and dtype of tensor argument ``x``. ``rank``: an int, a tuple, or an expression;
-    ``dtypes``: a :data:`DTYPE_SETS` name, or an expression such as ``"q.dtype"``."""
+def tensor(x, rank=None, dtypes=None, sizes=None, inner=False, optional=False,
+           when=None) -> list[Rule]:
+    """The rules of tensor argument ``x``, in this order: rank (an int, a tuple, or an
+    expression), dtype (a :data:`DTYPE_SETS` name, or an expression such as ``"q.dtype"``),
+    ``sizes`` (the whole shape, as expressions), and with ``inner`` a last dimension of stride 1
+    (index tensors included: kernels read them so). ``optional``: only when ``x`` is not None."""
+    when = f"{x} is not None" if optional else when
     rules = []
     rank = (rank,) if isinstance(rank, int) else rank
     if isinstance(rank, tuple):
@@ -104,20 +108,15 @@ def tensor(x, rank=None, dtypes=None, when=None) -> list[Rule]:
         rules.append(check(f"{x}.dtype == {dtypes}",
                            f"{x}: expected dtype in ({{dtype_name({dtypes})}}), got "
                            f"{{dtype({x}.dtype)}}", "TypeError", when))
+    if sizes is not None:
+        tup = f"tup({', '.join(sizes)})"
+        rules.append(check(f"shape({x}) == {tup}",
+                           f"{x}: expected shape {{{tup}}}, got {{shape({x})}}", when=when))
+    if inner:
+        rules.append(check(f"not ({x}.shape[-1] > 1 and {x}.stride(-1) != 1)",
+                           f"{x}: the last dimension must be contiguous (stride 1), got strides "
+                           f"{{strides({x})}}", when=when))
     return rules
-
-
-def shape(x, *dims, when=None) -> Rule:
-    tup = f"tup({', '.join(dims)})"
-    return check(f"shape({x}) == {tup}", f"{x}: expected shape {{{tup}}}, got {{shape({x})}}",
-                 when=when)
-
-
-def inner_contiguous(x, when=None) -> Rule:
-    """The last dimension has stride 1 (index tensors included: kernels read them so)."""
-    return check(f"not ({x}.shape[-1] > 1 and {x}.stride(-1) != 1)",
-                 f"{x}: the last dimension must be contiguous (stride 1), got strides "
-                 f"{{strides({x})}}", when=when)
 
 
 def at_least(x, minimum, when=None) -> Rule:
@@ -162,7 +161,7 @@ def _rules(*groups) -> tuple[Rule, ...]:
 def _cache_rules(cache_dtype_ref: str) -> list:
     """``k_buffer`` ``[num_pages, page_size, 1, Lk]`` or ``[num_pages * page_size, 1, Lk]``."""
     return [
-        tensor("k_buffer", (3, 4), "CACHE"),
+        tensor("k_buffer", (3, 4), "CACHE", inner=True),
         check("k_buffer.shape[-2] == 1",
               "k_buffer: expected one latent KV head (shape[-2] == 1), got shape "
               "{shape(k_buffer)}"),
@@ -175,7 +174,6 @@ def _cache_rules(cache_dtype_ref: str) -> list:
               "pages of {page_size}", when="k_buffer.dim() == 3"),
         check("not (page_size > 1 and k_buffer.shape[0] > page_size and k_buffer.stride(0) == 0)",
               "k_buffer: token stride 0 is not a valid cache layout", when="k_buffer.dim() == 3"),
-        inner_contiguous("k_buffer"),
         check(f"k_buffer.dtype in FP8 or k_buffer.dtype == {cache_dtype_ref}.dtype",
               f"k_buffer: expected the dtype of {cache_dtype_ref} "
               f"({{dtype({cache_dtype_ref}.dtype)}}) or an fp8 dtype, got {{dtype(k_buffer.dtype)}}",
@@ -188,7 +186,7 @@ def _scale_and_cp_rules() -> list:
     on every path) and the context-parallel layout of the two verify ops."""
     return [
         positive_finite("sm_scale"),
-        tensor("k_scale", None, "F32", when="k_scale is not None"),
+        tensor("k_scale", None, "F32", optional=True),
         check("k_scale.numel() == 1", "k_scale: expected a scalar tensor, got shape "
               "{shape(k_scale)}", when="k_scale is not None"),
         at_least("cp_world", 1),
@@ -213,7 +211,7 @@ DECODE_VERIFY = OpSpec(
     "Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, "
     "Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()",
     _rules(
-        tensor("q", 3, "ACT"),
+        tensor("q", 3, "ACT", inner=True),
         _cache_rules("q"),
         tensor("v_buffer", "k_buffer.dim()"),
         check("v_buffer.dtype == k_buffer.dtype",
@@ -230,40 +228,31 @@ DECODE_VERIFY = OpSpec(
         _latent_dims_rule("v_buffer"),
         check("q.shape[2] == Lk",
               "q: expected head dim Lk={Lk} (k_buffer.shape[-1]), got shape {shape(q)}"),
-        inner_contiguous("q"),
         at_least("qlen", 1),
         dims("q", "rows", "heads"),
         check("rows % qlen == 0",
               "qlen: q has {rows} rows, not a multiple of qlen={qlen} (rows are [B*qlen, ...])"),
         let("batch", "rows // qlen"),
-        tensor("o", 3, "q.dtype"),
-        shape("o", "rows", "heads", "Lv"),
-        inner_contiguous("o"),
-        tensor("lse", 2, "F32"),
-        shape("lse", "rows", "heads"),
-        tensor("req_to_token", 2, "INT32"),
+        tensor("o", 3, "q.dtype", ("rows", "heads", "Lv"), inner=True),
+        tensor("lse", 2, "F32", ("rows", "heads")),
+        tensor("req_to_token", 2, "INT32", inner=True),
         check("req_to_token.shape[0] >= batch",
               "req_to_token: expected one row per request ({batch}), got shape "
               "{shape(req_to_token)}"),
-        inner_contiguous("req_to_token"),
-        tensor("seq_lens", 1, "INT32"),
-        shape("seq_lens", "batch"),
-        inner_contiguous("seq_lens"),
-        tensor("real_seq_lens", 1, "INT32", when="real_seq_lens is not None"),
-        shape("real_seq_lens", "batch", when="real_seq_lens is not None"),
-        inner_contiguous("real_seq_lens", when="real_seq_lens is not None"),
+        tensor("seq_lens", 1, "INT32", ("batch",), inner=True),
+        tensor("real_seq_lens", 1, "INT32", ("batch",), inner=True, optional=True),
         at_least("num_kv_splits", 1),
         check("attn_logits is not None",
               "attn_logits: a workspace is required when num_kv_splits={num_kv_splits} > 1",
               when="num_kv_splits > 1"),
-        tensor("attn_logits", 4, "F32", when="attn_logits is not None"),
+        tensor("attn_logits", 4, "F32", optional=True),
         check("attn_logits.shape[0] >= rows and attn_logits.shape[1] == heads and "
               "attn_logits.shape[2] == num_kv_splits and attn_logits.shape[3] >= Lv + 1",
               "attn_logits: workspace too small for num_kv_splits={num_kv_splits}: expected "
               "[B*qlen, H, num_kv_splits, Lv+1] = {tup(rows, heads, num_kv_splits, Lv + 1)} "
               "(at least), got {shape(attn_logits)}",
               when="attn_logits is not None and num_kv_splits > 1"),
-        inner_contiguous("attn_logits", when="attn_logits is not None and num_kv_splits > 1"),
+        tensor("attn_logits", inner=True, when="attn_logits is not None and num_kv_splits > 1"),
         _scale_and_cp_rules(),
         same_device("q", "k_buffer", "v_buffer", "o", "lse", "req_to_token", "seq_lens",
                     "real_seq_lens", "attn_logits", "k_scale"),
@@ -277,27 +266,24 @@ WARMUP_DECODE_VERIFY = OpSpec(
     "int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, "
     "int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()",
     _rules(
-        tensor("q", 3, "ACT"),
+        tensor("q", 3, "ACT", inner=True),
         _cache_rules("q"),
         let("Lk", "k_buffer.shape[-1]"),
         check("q.shape[2] == Lk",
               "q: expected head dim Lk={Lk} (k_buffer.shape[-1]), got shape {shape(q)}"),
-        inner_contiguous("q"),
-        tensor("o", 3, "q.dtype"),
+        tensor("o", 3, "q.dtype", inner=True),
         let("Lv", "o.shape[-1]"),
         let("rope", "Lk - Lv"),
         _latent_dims_rule("o"),
         check("o.shape[1] == q.shape[1]",
               "o: expected {q.shape[1]} heads (q.shape[1]), got shape {shape(o)}"),
-        inner_contiguous("o"),
         tensor("lse", 2, "F32"),
         check("lse.shape[1] == q.shape[1]",
               "lse: expected {q.shape[1]} heads (q.shape[1]), got shape {shape(lse)}"),
-        tensor("req_to_token", 2, "INT32"),
-        inner_contiguous("req_to_token"),
+        tensor("req_to_token", 2, "INT32", inner=True),
         check("len(qlens) >= 1", "qlens: expected a non-empty list of ints, got {qlens}"),
         each("qlens", "t", "t >= 1", "qlens: expected ints >= 1, got {qlens}"),
-        tensor("attn_logits", None, "F32", when="attn_logits is not None"),
+        tensor("attn_logits", None, "F32", optional=True),
         _scale_and_cp_rules(),
         same_device("q", "k_buffer", "o", "lse", "req_to_token", "attn_logits", "k_scale"),
     ),
@@ -309,10 +295,10 @@ CONTEXT_ATTENTION = OpSpec(
     "int max_input_len, bool is_causal=True, float? softmax_scale=None, "
     "int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()",
     _rules(
-        tensor("q", 3, "ACT"),
-        tensor("k", 3, "q.dtype"),
-        tensor("v", 3, "q.dtype"),
-        tensor("o", 3, "q.dtype"),
+        tensor("q", 3, "ACT", inner=True),
+        tensor("k", 3, "q.dtype", inner=True),
+        tensor("v", 3, "q.dtype", inner=True),
+        tensor("o", 3, "q.dtype", inner=True),
         dims("q", "total", "hq", "d"),
         check(f"{PREFILL_D[0]} <= d and d <= {PREFILL_D[1]}",
               f"q: expected a head dim in [{PREFILL_D[0]}, {PREFILL_D[1]}], got shape {{shape(q)}}"),
@@ -323,25 +309,17 @@ CONTEXT_ATTENTION = OpSpec(
         let("hkv", "k.shape[1]"),
         check("not (hkv == 0 or hq % hkv != 0)",
               "k: query heads ({hq}) must be a multiple of KV heads ({hkv})"),
-        shape("o", "total", "hq", "d"),
-        inner_contiguous("q"),
-        inner_contiguous("k"),
-        inner_contiguous("v"),
-        inner_contiguous("o"),
-        tensor("b_start_loc", 1, "INDEX"),
-        tensor("b_seq_len", 1, "INDEX"),
+        tensor("o", sizes=("total", "hq", "d")),
+        tensor("b_start_loc", 1, "INDEX", inner=True),
+        tensor("b_seq_len", 1, "INDEX", inner=True),
         check("b_start_loc.shape[0] == b_seq_len.shape[0]",
               "b_seq_len: expected one length per start in b_start_loc "
               "({b_start_loc.shape[0]}), got {b_seq_len.shape[0]}"),
-        inner_contiguous("b_start_loc"),
-        inner_contiguous("b_seq_len"),
         at_least("max_input_len", 0),
         positive_finite("softmax_scale", when="softmax_scale is not None"),
         at_least("sliding_window_q", 0, when="sliding_window_q is not None"),
         at_least("sliding_window_k", 0, when="sliding_window_k is not None"),
-        tensor("sinks", 1, "ACT", when="sinks is not None"),
-        shape("sinks", "hq", when="sinks is not None"),
-        inner_contiguous("sinks", when="sinks is not None"),
+        tensor("sinks", 1, "ACT", ("hq",), inner=True, optional=True),
         same_device("q", "k", "v", "o", "b_start_loc", "b_seq_len", "sinks"),
     ),
     returns=("hq", "hkv", "d"),
@@ -351,21 +329,17 @@ MERGE_ATTN_STATES = OpSpec(
     "merge_attn_states",
     "(Tensor o_parts, Tensor lse_parts, Tensor(a!) o, Tensor(b!)? lse=None) -> ()",
     _rules(
-        tensor("o", 3, "ACT"),
-        tensor("o_parts", 4),
+        tensor("o", 3, "ACT", inner=True),
+        tensor("o_parts", 4, inner=True),
         check("o_parts.dtype == o.dtype or o_parts.dtype in F32",
               "o_parts: expected the dtype of o ({dtype(o.dtype)}) or float32, got "
               "{dtype(o_parts.dtype)}", "TypeError"),
         dims("o_parts", "parts", "rows", "heads", "dim"),
         check("parts >= 1", "o_parts: expected at least one partial (shape[0] >= 1), got shape "
               "{shape(o_parts)}"),
-        shape("o", "rows", "heads", "dim"),
-        tensor("lse_parts", 3, "F32"),
-        shape("lse_parts", "parts", "rows", "heads"),
-        tensor("lse", 2, "F32", when="lse is not None"),
-        shape("lse", "rows", "heads", when="lse is not None"),
-        inner_contiguous("o_parts"),
-        inner_contiguous("o"),
+        tensor("o", sizes=("rows", "heads", "dim")),
+        tensor("lse_parts", 3, "F32", ("parts", "rows", "heads")),
+        tensor("lse", 2, "F32", ("rows", "heads"), optional=True),
         same_device("o", "o_parts", "lse_parts", "lse"),
     ),
     returns=("parts", "rows", "heads", "dim"),
@@ -376,26 +350,23 @@ RESCALE_ATTN_PARTIAL = OpSpec(
     "(Tensor o_part, Tensor lse_parts, int part, Tensor(a!) o_out, Tensor(b!)? lse_out=None) "
     "-> ()",
     _rules(
-        tensor("o_part", 3, "ACT"),
+        tensor("o_part", 3, "ACT", inner=True),
         dims("o_part", "rows", "heads", "dim"),
         tensor("lse_parts", 3, "F32"),
         let("parts", "lse_parts.shape[0]"),
         check("parts >= 1", "lse_parts: expected at least one partial (shape[0] >= 1), got "
               "shape {shape(lse_parts)}"),
-        shape("lse_parts", "parts", "rows", "heads"),
+        tensor("lse_parts", sizes=("parts", "rows", "heads")),
         check("0 <= part and part < parts",
               "part: expected 0 <= part < {parts} (lse_parts.shape[0]), got {part}"),
-        tensor("o_out", (3, 4), "ACT"),
-        shape("o_out", "rows", "heads", "dim", when="o_out.dim() == 3"),
+        tensor("o_out", (3, 4), "ACT", inner=True),
+        tensor("o_out", sizes=("rows", "heads", "dim"), when="o_out.dim() == 3"),
         let("chunks", "o_out.shape[1]"),
         check("chunks >= 1 and heads % chunks == 0 and "
               "shape(o_out) == tup(rows, chunks, heads // chunks, dim)",
               "o_out: expected [rows, C, H/C, D] with C dividing H={heads} and rows={rows}, "
               "D={dim}, got shape {shape(o_out)}", when="o_out.dim() == 4"),
-        tensor("lse_out", 2, "F32", when="lse_out is not None"),
-        shape("lse_out", "rows", "heads", when="lse_out is not None"),
-        inner_contiguous("o_part"),
-        inner_contiguous("o_out"),
+        tensor("lse_out", 2, "F32", ("rows", "heads"), optional=True),
         same_device("o_part", "lse_parts", "o_out", "lse_out"),
     ),
     returns=("parts", "rows", "heads", "dim"),
