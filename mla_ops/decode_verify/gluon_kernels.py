@@ -549,7 +549,6 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     V_TILES: gl.constexpr = LV // _DT // 2
     V0: gl.constexpr = WG * V_TILES
-    HALF0: gl.constexpr = (N_DT - 1) // 2
 
     pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,

@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import triton
 
 from ..gluon_support import GLUON_TRITON_VERSIONS, descriptor, gl, load_kernels, sm90_reason
+from ..host import cdiv
 
 __all__ = [
     "GLUON_TRITON_VERSIONS",
@@ -100,7 +100,7 @@ def gluon_row_blocks(qlen: int, num_heads: int) -> int:
     of one token (H >= 64). Equals ``cdiv(qlen * H, 64)`` for the supported H."""
     if num_heads >= 64:
         return qlen * (num_heads // 64)
-    return triton.cdiv(qlen, 64 // num_heads)
+    return cdiv(qlen, 64 // num_heads)
 
 
 def gluon_unsupported_shape(device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype,

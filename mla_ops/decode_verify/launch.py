@@ -10,12 +10,10 @@ Launches run under the device of ``q``, whatever the current device is.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Sequence
 
 import torch
-import triton
 
 try:  # host-side tensor descriptors (triton >= 3.4); without them TMA configs use pointers
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -23,6 +21,7 @@ except ImportError:
     TensorDescriptor = None
 
 from .. import checked, platform, spec
+from ..host import cdiv, device_guard, next_power_of_2
 from ..reference import FP8_DTYPES
 from . import kernels
 from .configs import GLUON_FAMILY_CONFIG, HIP_LAUNCH_KEYS, select_verify_config
@@ -62,13 +61,6 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
     return t
 
 
-def device_guard(device: torch.device):
-    """Run launches (and the scratch they allocate) on ``device``, not the current device."""
-    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
-
-
 def _storage_view(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """Contiguous ``shape`` over ``t``'s storage, or a new tensor if too small."""
     if math.prod(shape) > t.untyped_storage().nbytes() // t.element_size():
@@ -81,7 +73,7 @@ def _storage_view(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
 
 def verify_row_blocks(qlen: int, num_heads: int, block_h: int) -> int:
     """Stage-1 row blocks per request: ``cdiv(qlen * num_heads, block_h)``."""
-    return triton.cdiv(qlen * num_heads, block_h)
+    return cdiv(qlen * num_heads, block_h)
 
 
 def verify_num_kv_splits(
@@ -115,13 +107,13 @@ def verify_num_kv_splits(
                               else min_work_per_split)
     sm_count = platform.current().sm_count if sm_count is None else sm_count
     programs_per_split = max(1, batch) * verify_row_blocks(qlen, num_heads, block_h)
-    ideal = triton.cdiv(max(1, max_seq_len), max(1, min_work_per_split))
+    ideal = cdiv(max(1, max_seq_len), max(1, min_work_per_split))
     slots = max(1, int(occupancy * sm_count))
     if programs_per_split <= slots:
         n = slots // programs_per_split
     else:
         cost = [
-            (triton.cdiv(n * programs_per_split, slots) / n, n)
+            (cdiv(n * programs_per_split, slots) / n, n)
             for n in range(1, max(1, min(ideal, max_splits)) + 1)
         ]
         best = min(c for c, _ in cost)
@@ -358,10 +350,10 @@ def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strid
                    num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, CP_WORLD=1,
                    CP_INTERLEAVE=1):
     """The split merge (portable Triton), with the chunking of the config stage 1 ran."""
-    block_dv = triton.next_power_of_2(Lv)
+    block_dv = next_power_of_2(Lv)
     if cfg["S2_BLOCK_DV"]:
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
-    kernels._fwd_verify_stage2[(o.shape[0], num_heads, triton.cdiv(Lv, block_dv))](
+    kernels._fwd_verify_stage2[(o.shape[0], num_heads, cdiv(Lv, block_dv))](
         attn_logits, o, lse, seq_lens, real,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),

@@ -17,11 +17,8 @@ only, nothing is allocated and nothing synchronises.
 
 from __future__ import annotations
 
-import torch
-import triton
-
 from .. import spec
-from ..decode_verify.launch import device_guard
+from ..host import cdiv, device_guard, next_power_of_2
 from . import kernels
 
 __all__ = ["merge_attn_states", "rescale_attn_partial"]
@@ -53,11 +50,11 @@ def merge_attn_states(o_parts, lse_parts, o, lse=None) -> None:
     num_parts, rows, heads, dim = _CHECK["merge_attn_states"](o_parts, lse_parts, o, lse)
     if rows == 0 or heads == 0 or dim == 0:
         return
-    block_d = min(triton.next_power_of_2(dim), _MAX_BLOCK_D)
-    block_p = min(triton.next_power_of_2(num_parts), _MAX_BLOCK_P)
+    block_d = min(next_power_of_2(dim), _MAX_BLOCK_D)
+    block_p = min(next_power_of_2(num_parts), _MAX_BLOCK_P)
     lse_strides = lse.stride() if lse is not None else (0, 0)
     with device_guard(o.device):
-        kernels._merge_attn_states[(rows * heads, triton.cdiv(dim, block_d))](
+        kernels._merge_attn_states[(rows * heads, cdiv(dim, block_d))](
             o_parts, lse_parts, o, lse,
             num_parts, heads, dim,
             *o_parts.stride()[:3],
@@ -100,11 +97,11 @@ def rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out=None) -> None:
         out_strides = (o_out.stride(0), 0, o_out.stride(1))
     else:
         out_strides = o_out.stride()[:3]
-    block_d = min(triton.next_power_of_2(dim), _MAX_BLOCK_D)
-    block_p = min(triton.next_power_of_2(num_parts), _MAX_BLOCK_P)
+    block_d = min(next_power_of_2(dim), _MAX_BLOCK_D)
+    block_p = min(next_power_of_2(num_parts), _MAX_BLOCK_P)
     lse_strides = lse_out.stride() if lse_out is not None else (0, 0)
     with device_guard(o_part.device):
-        kernels._rescale_attn_partial[(rows * heads, triton.cdiv(dim, block_d))](
+        kernels._rescale_attn_partial[(rows * heads, cdiv(dim, block_d))](
             o_part, lse_parts, o_out, lse_out,
             part, num_parts, heads, dim, heads // chunks,
             *o_part.stride()[:2],

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import triton
 
 from ..gluon_support import descriptor, gl, load_kernels, sm90_reason
+from ..host import cdiv
 
 __all__ = [
     "GLUON_DEFAULT_CONFIG",
@@ -133,9 +133,11 @@ def gluon_unsupported_reason(q, k, v, o, split, windowed, cfg) -> str | None:
     if why:
         return why
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1:
+        token, head, last = t.stride()
+        if last != 1:
             return f"{name}: last dim not contiguous"
-        if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 or (t.stride(1) * t.element_size()) % 16:
+        size = t.element_size()
+        if t.data_ptr() % 16 or (token * size) % 16 or (head * size) % 16:
             return f"{name}: base / token / head strides not 16-byte aligned (TMA)"
     if q.shape[0] >= 2**31 - 256:
         return "more than 2**31 tokens: TMA coordinates are 32-bit"
@@ -171,7 +173,7 @@ def launch_prefill_gluon(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_c
         qt_desc, kt_desc, vt_desc = _descriptor(q, 64, tail), _descriptor(k, bn, tail), _descriptor(v, bn, tail)
     else:
         qt_desc, kt_desc, vt_desc = q_desc, k_desc, v_desc
-    grid = (triton.cdiv(max_input_len, c["BLOCK_M"]), hq, batch)
+    grid = (cdiv(max_input_len, c["BLOCK_M"]), hq, batch)
     _gk.prefill_fwd_ws[grid](
         q_desc, qt_desc, k_desc, kt_desc, v_desc, vt_desc, o,
         sinks if sinks is not None else o, b_start_loc, b_seq_len, float(qk_scale),

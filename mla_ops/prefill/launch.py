@@ -19,7 +19,7 @@ import torch
 import triton
 
 from .. import checked, spec, tuning
-from ..decode_verify.launch import device_guard
+from ..host import cdiv, device_guard, next_power_of_2
 from ..platform import current
 from .configs import select_prefill_config
 from .gluon_launch import (
@@ -49,11 +49,11 @@ def head_dim_split(head_dim: int, enabled: bool = True) -> tuple[int, int]:
     (72, 80 -> (64, 16); 88, 96 -> (64, 32)), kept only where it narrows the extent: 112 would
     be 64 + 64, the same 128 lanes, so it stays (128, 0). Powers of two are always (D, 0).
     """
-    full = triton.next_power_of_2(head_dim)
+    full = next_power_of_2(head_dim)
     if not enabled or head_dim == full:
         return full, 0
     main = full // 2
-    tail = max(16, triton.next_power_of_2(head_dim - main))
+    tail = max(16, next_power_of_2(head_dim - main))
     if main + tail < full:
         return main, tail
     return full, 0
@@ -67,7 +67,8 @@ def head_stride_aligned_8(*tensors: torch.Tensor) -> bool:
     Storage offsets count too: a view that starts mid-row is not aligned.
     """
     for t in tensors:
-        if t.stride(0) % 8 or t.stride(1) % 8 or t.storage_offset() % 8:
+        token, head, _ = t.stride()
+        if token % 8 or head % 8 or t.storage_offset() % 8:
             return False
     return True
 
@@ -135,7 +136,7 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
                           max_input_len=max_input_len, is_causal=bool(is_causal),
                           qk_scale=float(softmax_scale) * _LOG2E, sinks=sinks, split=split,
                           cfg={key: cfg[key] for key in GLUON_DEFAULT_CONFIG})
-            grid = (triton.cdiv(max_input_len, cfg["BLOCK_M"]), q.shape[1], batch)
+            grid = (cdiv(max_input_len, cfg["BLOCK_M"]), q.shape[1], batch)
             return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied,
                           family="gluon")
         # What only the tensors show (a base pointer off 16 bytes): the portable kernel.
@@ -166,7 +167,7 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
     )
     if plat.is_hip and cfg["waves_per_eu"]:
         kwargs["waves_per_eu"] = cfg["waves_per_eu"]
-    grid = (triton.cdiv(max_input_len, cfg["BLOCK_M"]), hq, batch)
+    grid = (cdiv(max_input_len, cfg["BLOCK_M"]), hq, batch)
     return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied)
 
 
