@@ -191,17 +191,34 @@ def table(kernel_name: str, arch: str) -> dict[str, Any]:
     return tbl
 
 
+# (kernel, arch, facts) -> (the table, the config its first matching rule gives): an eager
+# launch selects on every call, and a scan of a swept table costs ~10 µs of host time. Keyed
+# on the table object too, so a reloaded table (``table.cache_clear()``) is scanned afresh.
+_SELECTED: dict[tuple, tuple[dict, dict]] = {}
+_SELECTED_MAX = 4096
+
+
+def _table_config(kernel: Kernel, tbl: dict[str, Any], arch: str,
+                  facts: dict[str, Any]) -> dict[str, Any]:
+    key = (kernel.name, arch, tuple(facts.items()))
+    hit = _SELECTED.get(key)
+    if hit is not None and hit[0] is tbl:
+        return hit[1]
+    cfg = next(_over_defaults(kernel, rule["config"], kernel.name) for rule in tbl["rules"]
+               if _matches(rule.get("match", {}), facts))
+    if len(_SELECTED) >= _SELECTED_MAX:
+        _SELECTED.clear()
+    _SELECTED[key] = (tbl, cfg)
+    return cfg
+
+
 def select(kernel_name: str, facts: dict[str, Any], *, config: dict[str, Any] | None = None,
            arch: str | None = None) -> dict[str, Any]:
     """The config for a launch with ``facts`` on ``arch`` (default: the current platform's),
     with ``config`` laid over it. Returns a fresh dict that always has ``"family"``."""
     kernel = KERNELS[kernel_name]
-    plat = platform.current()
-    tbl = table(kernel_name, arch or plat.arch)
-    for rule in tbl["rules"]:
-        if _matches(rule.get("match", {}), facts):
-            cfg = _over_defaults(kernel, rule["config"], kernel_name)
-            break
+    arch = arch or platform.current().arch
+    cfg = dict(_table_config(kernel, table(kernel_name, arch), arch, facts))
     if config:
         if "family" in config and config["family"] != cfg["family"]:
             cfg = {"family": config["family"]}  # another family: its own defaults

@@ -88,6 +88,25 @@ def test_first_matching_rule_wins_with_bounds_and_lists():
         tuning.table.cache_clear()
 
 
+def test_selection_is_remembered_per_table_and_returned_fresh():
+    """``select`` remembers the rule a launch's facts matched (an eager launch selects on every
+    call), but a reloaded table is scanned again, and every caller gets its own dict."""
+    kernel = tuning.KERNELS["decode_verify"]
+    facts = {"rows": 64, "num_heads": 16, "qlen": 2, "cache": "16bit", "gluon": False}
+    kernel.builtin["test"] = {"arch": "test", "rules": [{"config": {"BLOCK_H": 16}}]}
+    tuning.table.cache_clear()
+    try:
+        first = tuning.select("decode_verify", facts, arch="test")
+        first["BLOCK_H"] = 99
+        assert tuning.select("decode_verify", facts, arch="test")["BLOCK_H"] == 16
+        kernel.builtin["test"] = {"arch": "test", "rules": [{"config": {"BLOCK_H": 64}}]}
+        tuning.table.cache_clear()
+        assert tuning.select("decode_verify", facts, arch="test")["BLOCK_H"] == 64
+    finally:
+        del kernel.builtin["test"]
+        tuning.table.cache_clear()
+
+
 def test_config_override_is_validated_and_laid_over_the_selection():
     facts = {"rows": 64, "num_heads": 16, "qlen": 2, "cache": "16bit", "gluon": False}
     with mock_platform("sm_90"):
