@@ -26,7 +26,7 @@ import ast
 import dataclasses
 import re
 import string
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 # --- dtype sets (names as torch spells them) -----------------------------------------------
 
