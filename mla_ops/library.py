@@ -66,26 +66,6 @@ def _kernels(launch: str, reference: Callable) -> dict[str, Callable]:
     return {"CPU": cpu, "CUDA": cuda}
 
 
-def _merge_attn_states_cpu(o_parts, lse_parts, o, lse=None):
-    from .reference import merge_attn_states_ref
-
-    CHECKS["merge_attn_states"](o_parts, lse_parts, o, lse)
-    out, out_lse = merge_attn_states_ref(o_parts, lse_parts)
-    o.copy_(out)
-    if lse is not None:
-        lse.copy_(out_lse)
-
-
-def _rescale_attn_partial_cpu(o_part, lse_parts, part, o_out, lse_out=None):
-    from .reference import rescale_attn_partial_ref
-
-    CHECKS["rescale_attn_partial"](o_part, lse_parts, part, o_out, lse_out)
-    out, out_lse = rescale_attn_partial_ref(o_part, lse_parts, part)
-    o_out.copy_(out.view(o_out.shape))
-    if lse_out is not None:
-        lse_out.copy_(out_lse)
-
-
 KERNELS: dict[str, dict[str, Callable]] = {
     "decode_verify": _kernels(".decode_verify.launch:decode_attention_fwd_verify",
                               _lazy(".reference:decode_verify_op_ref")),
@@ -94,9 +74,10 @@ KERNELS: dict[str, dict[str, Callable]] = {
                                      CHECKS["warmup_decode_verify"]),
     "context_attention": _kernels(".prefill.launch:context_attention_fwd",
                                   _lazy(".reference:context_attention_op_ref")),
-    "merge_attn_states": _kernels(".merge.launch:merge_attn_states", _merge_attn_states_cpu),
+    "merge_attn_states": _kernels(".merge.launch:merge_attn_states",
+                                  _lazy(".reference:merge_attn_states_op_ref")),
     "rescale_attn_partial": _kernels(".merge.launch:rescale_attn_partial",
-                                     _rescale_attn_partial_cpu),
+                                     _lazy(".reference:rescale_attn_partial_op_ref")),
 }
 
 

@@ -268,3 +268,27 @@ def context_attention_op_ref(q, k, v, o, b_start_loc, b_seq_len, max_input_len, 
                                 sliding_window_q, sliding_window_k, sinks)
     for start, n in zip(b_start_loc.tolist(), b_seq_len.tolist()):
         o[start: start + n].copy_(out[start: start + n])
+
+
+def merge_attn_states_op_ref(o_parts, lse_parts, o, lse=None):
+    """The CPU kernel of ``mla::merge_attn_states``: checks the arguments, then writes ``o``
+    (and ``lse``)."""
+    from . import spec
+
+    spec.python_checks()["merge_attn_states"](o_parts, lse_parts, o, lse)
+    out, out_lse = merge_attn_states_ref(o_parts, lse_parts)
+    o.copy_(out)
+    if lse is not None:
+        lse.copy_(out_lse)
+
+
+def rescale_attn_partial_op_ref(o_part, lse_parts, part, o_out, lse_out=None):
+    """The CPU kernel of ``mla::rescale_attn_partial``: checks the arguments, then writes
+    ``o_out`` (``[rows, H, D]`` or ``[rows, C, H/C, D]``) and ``lse_out``."""
+    from . import spec
+
+    spec.python_checks()["rescale_attn_partial"](o_part, lse_parts, part, o_out, lse_out)
+    out, out_lse = rescale_attn_partial_ref(o_part, lse_parts, part)
+    o_out.copy_(out.view(o_out.shape))
+    if lse_out is not None:
+        lse_out.copy_(out_lse)

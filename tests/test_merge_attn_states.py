@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from builders import interpret
 from fa_tolerance import assert_fa_rule
 from mla_ops.merge.launch import merge_attn_states, rescale_attn_partial
 from mla_ops.reference import merge_attn_states_ref, rescale_attn_partial_ref
@@ -167,6 +168,12 @@ def test_rescale_in_place(device):
 # --- bad input names the argument -----------------------------------------------------------
 
 
+def _op_kernels(device):
+    """What a bad argument must be refused by besides the function: the op on the device's
+    kernel, and on a CPU also the op's plain-PyTorch kernel (the interpreter off)."""
+    return [True] + ([False] if device == "cpu" else [])
+
+
 def _merge_args(device):
     o_parts, lse_parts = make_parts(device, 2, 3, 2, 16, torch.float16)
     o, lse = outputs(device, 3, 2, 16, torch.float16)
@@ -198,8 +205,10 @@ def test_merge_bad_input_names_the_argument(device, exc, name, change):
     with pytest.raises(exc, match=f"^{name}"):
         merge_attn_states(**args)
     if isinstance(args[arg], torch.Tensor):  # (the op's schema refuses other types itself)
-        with pytest.raises(exc, match=f"^{name}"):  # the op: its kernel runs the spec's check
-            torch.ops.mla.merge_attn_states(**args)
+        for triton_kernel in _op_kernels(device):  # the op: its kernel runs the spec's check
+            with interpret(triton_kernel if device == "cpu" else False):
+                with pytest.raises(exc, match=f"^{name}"):
+                    torch.ops.mla.merge_attn_states(**args)
     if before is not None:  # refused before any launch: o untouched (still NaN)
         assert torch.isnan(args["o"]).all()
 
@@ -227,8 +236,10 @@ def test_rescale_bad_input_names_the_argument(device, exc, name, change):
         rescale_attn_partial(**args)
     if all(isinstance(args[k], torch.Tensor) or k == "part" and isinstance(args[k], int)
            for k in change):  # (the op's schema refuses other types itself)
-        with pytest.raises(exc, match=f"^{name}"):
-            torch.ops.mla.rescale_attn_partial(**args)
+        for triton_kernel in _op_kernels(device):
+            with interpret(triton_kernel if device == "cpu" else False):
+                with pytest.raises(exc, match=f"^{name}"):
+                    torch.ops.mla.rescale_attn_partial(**args)
 
 
 # --- GPU ------------------------------------------------------------------------------------
