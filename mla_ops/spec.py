@@ -87,8 +87,10 @@ def tensor(x, rank=None, dtypes=None, sizes=None, inner=False, optional=False,
     """The rules of tensor argument ``x``, in this order: rank (an int, a tuple, or an
     expression), dtype (a :data:`DTYPE_SETS` name, or an expression such as ``"q.dtype"``),
     ``sizes`` (the whole shape, as expressions), and with ``inner`` a last dimension of stride 1
-    (index tensors included: kernels read them so). ``optional``: only when ``x`` is not None."""
-    when = f"{x} is not None" if optional else when
+    (index tensors included: kernels read them so). ``optional``: only when ``x`` is not None
+    (and ``when`` holds, if given)."""
+    if optional:
+        when = f"{x} is not None" + (f" and ({when})" if when else "")
     rules = []
     rank = (rank,) if isinstance(rank, int) else rank
     if isinstance(rank, tuple):
