@@ -1,6 +1,7 @@
 """What every Gluon (sm_90) kernel family of the package checks on the host, in one place: the
-triton version the Gluon code is written for, whether its API imports, and whether a device
-is a CUDA GPU of compute capability 9.0.
+triton versions the Gluon code builds on and those it was checked on a GPU with, whether its
+API imports, the small compatibility layer over the API's renames, and whether a device is a
+CUDA GPU of compute capability 9.0.
 
 The kernel families (``decode_verify.gluon_launch``, ``prefill.gluon_launch``) add their own
 shape and dtype rules on top and route what they do not cover to the portable kernels.
@@ -16,38 +17,85 @@ from typing import Callable, Sequence
 import torch
 import triton
 
-__all__ = ["GLUON_TRITON_VERSIONS", "gluon_available", "load_kernels", "sm90_reason",
-           "TensorDescriptor", "gl", "descriptor"]
+__all__ = ["GLUON_TRITON_VERSIONS", "GLUON_GPU_CHECKED", "gluon_buildable", "gluon_available",
+           "load_kernels", "sm90_reason", "TensorDescriptor", "gl", "tma", "descriptor"]
 
-GLUON_TRITON_VERSIONS = ("3.6",)  # the Gluon API this code is written for
+# The triton versions whose Gluon API the kernels are written for: they build on each (CPU CI
+# compiles every variant for sm_90a on the lowest and the newest, tests/test_gluon_*.py).
+GLUON_TRITON_VERSIONS = ("3.6", "3.7", "3.8", "3.9")
+# The versions on which the Gluon kernels were run and checked on an H200: they run on the GPU
+# only there; on another version the table routes every launch to the portable kernels.
+GLUON_GPU_CHECKED = ("3.6",)
 
-try:  # the Gluon API of triton 3.6
+try:  # the Gluon API of triton 3.6 to 3.9
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import tma as _tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _IMPORT_ERROR = None
 except Exception as e:  # pragma: no cover - depends on the installed triton
-    gl = TensorDescriptor = None
+    gl = TensorDescriptor = _tma = None
     _IMPORT_ERROR = f"{type(e).__name__}: {e}"
 
 
-def gluon_available() -> str | None:
-    """None if this triton has the Gluon API this code is written for, else why not."""
-    if not triton.__version__.startswith(GLUON_TRITON_VERSIONS):
-        return f"triton {triton.__version__} (the Gluon kernels are written for {GLUON_TRITON_VERSIONS})"
+def _tma_compat() -> ModuleType | None:
+    """Hopper's ``tma`` module under the names the kernels use, ``async_load`` and
+    ``async_store``, on every triton of the range: triton 3.7 renamed 3.6's
+    ``async_copy_global_to_shared`` / ``async_copy_shared_to_global`` (same arguments) and 3.9
+    made the old names raise. A module object, so that ``@gluon.jit`` code reads it as a global."""
+    if _tma is None:
+        return None
+    compat = ModuleType("mla_ops.gluon_support.tma")
+    compat.__dict__.update({k: v for k, v in vars(_tma).items() if not k.startswith("__")})
+    if not hasattr(_tma, "async_load"):  # triton 3.6
+        compat.async_load = _tma.async_copy_global_to_shared
+        compat.async_store = _tma.async_copy_shared_to_global
+    return compat
+
+
+tma = _tma_compat()
+
+if gl is not None and not hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    # triton 3.6 names it ``_reinterpret``; 3.7 on, ``reinterpret`` (same arguments). The
+    # kernels call the public name; on 3.6 it is the same method under its later name.
+    gl.shared_memory_descriptor.reinterpret = gl.shared_memory_descriptor._reinterpret
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def gluon_buildable() -> str | None:
+    """None if this triton has the Gluon API the kernels are written for (they import and
+    compile), else why not."""
+    if _minor(triton.__version__) not in GLUON_TRITON_VERSIONS:
+        return (f"triton {triton.__version__}: the Gluon kernels are written for triton "
+                f"{', '.join(GLUON_TRITON_VERSIONS)}")
     if _IMPORT_ERROR is not None:
         return f"triton.experimental.gluon does not import: {_IMPORT_ERROR}"
     return None
 
 
+def gluon_available() -> str | None:
+    """None if the Gluon kernels may run on this triton (they build, and were checked on a GPU
+    with it), else why not."""
+    why = gluon_buildable()
+    if why is None and _minor(triton.__version__) not in GLUON_GPU_CHECKED:
+        why = (f"triton {triton.__version__}: the Gluon kernels build on it but were checked on "
+               f"a GPU only with triton {', '.join(GLUON_GPU_CHECKED)}")
+    return why
+
+
 def load_kernels(package: str) -> tuple[ModuleType | None, Callable[[], str | None]]:
-    """``(package.gluon_kernels or None, availability)``: the family's kernel module, where it
-    imports, and its ``gluon_available``: None if this triton has the Gluon API and the kernels
-    import, else why not."""
-    try:
-        module, error = importlib.import_module(".gluon_kernels", package), None
-    except Exception as e:  # pragma: no cover - depends on the installed triton
-        module, error = None, f"{package}.gluon_kernels does not import: {type(e).__name__}: {e}"
+    """``(package.gluon_kernels or None, availability)``: the family's kernel module, where
+    this triton's Gluon API is one the kernels are written for and the module imports, and its
+    ``gluon_available``: None if the kernels import and may run here, else why not."""
+    module, error = None, gluon_buildable()
+    if error is None:
+        try:
+            module = importlib.import_module(".gluon_kernels", package)
+        except Exception as e:  # pragma: no cover - depends on the installed triton
+            error = f"{package}.gluon_kernels does not import: {type(e).__name__}: {e}"
 
     def available() -> str | None:
         return gluon_available() or error

@@ -1,7 +1,7 @@
 """Offline sm_90a compiles of Gluon kernels, shared by the Gluon test modules (CPU CI).
 
 ``compile_sm90a`` compiles a ``@gluon.jit`` function for ``GPUTarget("cuda", 90, 32)`` from a
-signature and constexprs (no GPU, no launch) and runs the ptxas that triton ships on its PTX;
+signature and constexprs (no GPU, no launch) and runs the ptxas that triton uses for sm_90 on its PTX;
 ``ptxas_facts`` reads what the tests assert from the result: registers, spill bytes, whether
 ptxas serialized the wgmmas, shared memory, wgmma / TMA present, the setmaxnreg values.
 ``run_in_subprocess`` runs a module's compile loop outside ``TRITON_INTERPRET`` (the suite runs
@@ -33,11 +33,17 @@ def compile_sm90a(fn, signature: dict, constexprs: dict, num_warps: int):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    constexprs = dict(constexprs)
+    for param in fn.params:  # defaults: triton 3.6 fills them in itself, later ones do not
+        if param.name not in signature and param.name not in constexprs and param.has_default:
+            constexprs[param.name] = param.default
     sig = dict(signature)
     sig.update({k: "constexpr" for k in constexprs})
     kernel = triton.compile(GluonASTSource(fn, sig, constexprs),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path  # the one triton compiles sm_90 with (3.9: ptxas-blackwell)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")
         with open(path, "w") as f:

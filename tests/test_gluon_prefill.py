@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import mla_ops  # noqa: F401  (registers torch.ops.mla)
-from mla_ops import tuning
+from mla_ops import gluon_support, tuning
 from mla_ops.prefill import gluon_launch as gla
 from mla_ops.prefill import launch as L
 from mla_ops.prefill.configs import select_prefill_config
@@ -31,7 +31,11 @@ from mla_ops.prefill.configs import select_prefill_config
 from builders import encoder_case
 from gluon_offline import compile_sm90a, ptxas_facts, run_in_subprocess, tensordesc
 
-_GLUON_WHY = gla.gluon_available()
+_GLUON_WHY = gla.gluon_available()  # why the Gluon kernels may not run here
+_BUILD_WHY = gluon_support.gluon_buildable()  # why they may not even compile here
+# Spill limits are facts of the compiler the kernels were checked with on the GPU; on another
+# triton of the range the variants must build and fit, and their spills are only reported.
+_GPU_CHECKED = _GLUON_WHY is None
 SMEM_LIMIT = gla.SMEM_LIMIT
 
 
@@ -49,17 +53,15 @@ def _gluon_rules():
 
 
 def test_a_family_whose_kernels_do_not_import_says_why():
-    from mla_ops import gluon_support
-
     module, available = gluon_support.load_kernels("mla_ops.merge")  # it has no gluon_kernels
     assert module is None
     why = available()
     assert why is not None and why.startswith(gluon_support.gluon_available() or
                                               "mla_ops.merge.gluon_kernels does not import")
-    # Both families' kernels import where the Gluon API does.
+    # Both families' kernels import wherever the Gluon API is one they are written for.
     from mla_ops.decode_verify import gluon_launch as dgla
 
-    assert (gla._gk is None) == (dgla._gk is None) == (_GLUON_WHY is not None)
+    assert (gla._gk is None) == (dgla._gk is None) == (_BUILD_WHY is not None)
 
 
 @pytest.mark.skipif(_GLUON_WHY is not None, reason=f"no Gluon of triton 3.6 here: {_GLUON_WHY}")
@@ -225,7 +227,7 @@ def offline_reports():
     return {tuple(k): r for k, r in run_in_subprocess("tests.test_gluon_prefill", "_compile_all_main", 900)}
 
 
-@pytest.mark.skipif(_GLUON_WHY is not None, reason=f"no Gluon of triton 3.6 here: {_GLUON_WHY}")
+@pytest.mark.skipif(_BUILD_WHY is not None, reason=f"no Gluon API of the kernels here: {_BUILD_WHY}")
 @pytest.mark.parametrize("variant", VARIANTS,
                          ids=[f"D{d}-{'causal' if c else 'full'}-BN{cfg['BLOCK_N']}-ns{cfg['NUM_STAGES']}"
                               f"-pipe{cfg['PIPELINE']}-pp{cfg['PINGPONG']}" for d, c, cfg in VARIANTS])
@@ -234,7 +236,8 @@ def test_offline_compile_sm90a(variant, offline_reports):
     r = offline_reports[(d, causal)]
     assert r["wgmma"] and r["tma"], r
     assert not r["serialized"], r
-    assert r["spills"] == 0, r
+    if _GPU_CHECKED:
+        assert r["spills"] == 0, r
     # 12 warps launched (two consumer groups, the producer warp padded to a group): the launch
     # allocation is at most 65536 / 384 registers; setmaxnreg then moves them around.
     assert r["regs"] * 384 <= 65536, r
@@ -245,7 +248,7 @@ def test_offline_compile_sm90a(variant, offline_reports):
 # --- GPU correctness ------------------------------------------------------------------------------
 
 needs_hopper = pytest.mark.skipif(not _is_hopper() or _GLUON_WHY is not None,
-                                  reason=f"the Gluon kernel runs on sm_90 with triton 3.6 only ({_GLUON_WHY})")
+                                  reason=f"the Gluon kernel runs on sm_90 with a GPU-checked triton only ({_GLUON_WHY})")
 
 SCHEDULES = {"table": {}, "simple": {"PIPELINE": 0, "PINGPONG": 0},
              "pipe": {"PIPELINE": 1, "PINGPONG": 0}, "pingpong": {"PIPELINE": 1, "PINGPONG": 1}}

@@ -19,6 +19,7 @@ import math
 import pytest
 import torch
 
+from mla_ops import gluon_support
 from mla_ops.decode_verify import gluon_launch as gla
 from mla_ops.decode_verify import kernels  # noqa: F401
 from mla_ops.decode_verify import launch
@@ -49,7 +50,11 @@ def _table_configs() -> dict:
 
 PROPOSED_CONFIGS = _table_configs()
 
-_GLUON_WHY = gla.gluon_available()
+_GLUON_WHY = gla.gluon_available()  # why the Gluon kernels may not run here
+_BUILD_WHY = gluon_support.gluon_buildable()  # why they may not even compile here
+# Spill limits are facts of the compiler the kernels were checked with on the GPU; on another
+# triton of the range the variants must build and fit, and their spills are only reported.
+_GPU_CHECKED = _GLUON_WHY is None
 
 
 def _is_hopper() -> bool:
@@ -141,7 +146,7 @@ MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32
 CP_EXTRA_SPILL = 16
 
 
-@pytest.mark.skipif(_GLUON_WHY is not None, reason=f"no Gluon of triton 3.6 here: {_GLUON_WHY}")
+@pytest.mark.skipif(_BUILD_WHY is not None, reason=f"no Gluon API of the kernels here: {_BUILD_WHY}")
 @pytest.mark.parametrize("variant", VARIANTS, ids=["{}-H{}-{}-{}-{}{}".format(
     n, h, s, "fp8" if f else "bf16", "splits1" if g else "splitsN", "-cp2" if c else "")
     for n, h, s, f, g, c in VARIANTS])
@@ -155,7 +160,8 @@ def test_offline_compile_sm90a(variant, offline_reports):
     r = offline_reports[tuple(variant)]
     assert r["wgmma"] and r["tma"], r
     assert not r["serialized"], r
-    assert r["spills"] <= MAX_SPILL[(schedule, fp8)] + (CP_EXTRA_SPILL if cp else 0), r
+    if _GPU_CHECKED:
+        assert r["spills"] <= MAX_SPILL[(schedule, fp8)] + (CP_EXTRA_SPILL if cp else 0), r
     # 12 warps launched (consumer group, consumer group, producer warp padded to a group): the
     # launch allocation is at most 65536 / 384 registers; setmaxnreg then moves them around.
     assert r["regs"] * 384 <= 65536, r
@@ -167,7 +173,7 @@ def test_offline_compile_sm90a(variant, offline_reports):
 # --- GPU correctness -----------------------------------------------------------------------------
 
 needs_hopper = pytest.mark.skipif(not _is_hopper() or _GLUON_WHY is not None,
-                                  reason=f"the Gluon kernel runs on sm_90 with triton 3.6 only ({_GLUON_WHY})")
+                                  reason=f"the Gluon kernel runs on sm_90 with a GPU-checked triton only ({_GLUON_WHY})")
 
 
 def make_case(B, H, qlen, L, page_size, fp8=False, layout="4d", real=None, seed=0, device="cuda",

@@ -51,10 +51,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
 
 from .kernels import _cp_local_len  # plain integer arithmetic: shared with the portable kernel
 
@@ -133,7 +134,7 @@ def _producer(q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
     if n_blocks > 0:
         mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
         for c in gl.static_range(N_DT):
-            tma.async_copy_global_to_shared(q_desc, [pid_b * qlen + tok0, head0, c * _DT], q_bar,
+            tma.async_load(q_desc, [pid_b * qlen + tok0, head0, c * _DT], q_bar,
                                             q_smem.index(c))
     req_row = pid_b.to(gl.int64) * stride_req_b
     # The block-table entry of block i + 1 is read while block i waits for its stage.
@@ -148,7 +149,7 @@ def _producer(q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
         mbarrier.expect(bar, N_DT * k_desc.block_type.nbytes)
         tok = start % page_size
         for c in gl.static_range(N_DT):
-            tma.async_copy_global_to_shared(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+            tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
         page = page_next
 
 
@@ -207,7 +208,7 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
             for c in gl.static_range(WG, N_DT, 2):
                 qt = q_smem.index(c).reshape([_BM, _DT])
                 x = gl.minimum(gl.maximum(qt.load(QT_L).to(gl.float32), -65504.0), 65504.0)
-                qt._reinterpret(gl.float16, [_BM, _DT], qt.layout).store(x.to(gl.float16))
+                qt.reinterpret(gl.float16, [_BM, _DT], qt.layout).store(x.to(gl.float16))
     acc0 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
     acc1 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
     acc2 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
@@ -303,7 +304,7 @@ def _q_tile(q_smem, c, CDT: gl.constexpr):
     converted in place)."""
     qt = q_smem.index(c).reshape([_BM, _DT])
     if CDT != q_smem.dtype:
-        qt = qt._reinterpret(CDT, [_BM, _DT], qt.layout)
+        qt = qt.reinterpret(CDT, [_BM, _DT], qt.layout)
     return qt
 
 
@@ -431,9 +432,9 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
         q_tok = pid_b * qlen + tok0
         mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
         for c in gl.static_range(N_DT - 1):
-            tma.async_copy_global_to_shared(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
-        rope_dst = sp_smem.index(1)._reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
-        tma.async_copy_global_to_shared(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
+            tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
+        rope_dst = sp_smem.index(1).reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+        tma.async_load(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
     req_row = pid_b.to(gl.int64) * stride_req_b
     page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
@@ -451,11 +452,11 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
             if h == 0:
                 mbarrier.expect(bar, HALF0 * k_desc.block_type.nbytes)
                 for c in gl.static_range(HALF0):
-                    tma.async_copy_global_to_shared(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+                    tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
             else:
                 mbarrier.expect(bar, (N_DT - HALF0) * k_desc.block_type.nbytes)
                 for c in gl.static_range(HALF0, N_DT):
-                    tma.async_copy_global_to_shared(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+                    tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
         page = page_next
 
 

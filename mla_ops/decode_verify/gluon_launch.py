@@ -21,11 +21,10 @@ from typing import Any
 
 import torch
 
-from ..gluon_support import GLUON_TRITON_VERSIONS, descriptor, gl, load_kernels, sm90_reason
+from ..gluon_support import descriptor, gl, load_kernels, sm90_reason
 from ..host import cdiv
 
 __all__ = [
-    "GLUON_TRITON_VERSIONS",
     "GLUON_DEFAULT_CONFIG",
     "gluon_available",
     "gluon_unsupported_shape",

@@ -59,10 +59,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
 
 _BM = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
 _NEG_BIG = gl.constexpr(-1.0e30)
@@ -109,23 +110,23 @@ def _producer(q_desc, qt_desc, k_desc, kt_desc, v_desc, vt_desc,
         mbarrier.expect(q_bar, 2 * Q_BYTES)
         for g in gl.static_range(2):
             row = seq_start + m_start + g * _BM
-            tma.async_copy_global_to_shared(q_desc, [row, head, 0], q_bar, q_smem.index(g))
+            tma.async_load(q_desc, [row, head, 0], q_bar, q_smem.index(g))
             if HAS_TAIL:
-                tma.async_copy_global_to_shared(qt_desc, [row, head, BLOCK_D], q_bar, qt_smem.index(g))
+                tma.async_load(qt_desc, [row, head, BLOCK_D], q_bar, qt_smem.index(g))
     for i in range(n_blocks):
         s = i % NUM_STAGES
         ph = ((i // NUM_STAGES) & 1) ^ 1  # a fresh barrier's phase 1 counts as complete
         row = seq_start + i * BLOCK_N
         mbarrier.wait(k_empty.index(s), ph)
         mbarrier.expect(k_ready.index(s), KV_BYTES)
-        tma.async_copy_global_to_shared(k_desc, [row, kv_head, 0], k_ready.index(s), k_smem.index(s))
+        tma.async_load(k_desc, [row, kv_head, 0], k_ready.index(s), k_smem.index(s))
         if HAS_TAIL:
-            tma.async_copy_global_to_shared(kt_desc, [row, kv_head, BLOCK_D], k_ready.index(s), kt_smem.index(s))
+            tma.async_load(kt_desc, [row, kv_head, BLOCK_D], k_ready.index(s), kt_smem.index(s))
         mbarrier.wait(v_empty.index(s), ph)
         mbarrier.expect(v_ready.index(s), KV_BYTES)
-        tma.async_copy_global_to_shared(v_desc, [row, kv_head, 0], v_ready.index(s), v_smem.index(s))
+        tma.async_load(v_desc, [row, kv_head, 0], v_ready.index(s), v_smem.index(s))
         if HAS_TAIL:
-            tma.async_copy_global_to_shared(vt_desc, [row, kv_head, BLOCK_D], v_ready.index(s), vt_smem.index(s))
+            tma.async_load(vt_desc, [row, kv_head, BLOCK_D], v_ready.index(s), vt_smem.index(s))
 
 
 @gluon.jit
