@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable
 from . import platform
 
 __all__ = ["Kernel", "KERNELS", "register", "select", "table", "load_table", "validate",
-           "format_table", "Workaround", "WORKAROUNDS", "workaround_active", "triton_version"]
+           "format_table", "Workaround", "WORKAROUNDS", "workaround_active", "unchecked_workarounds",
+           "triton_version"]
 
 FAMILIES = ("triton", "gluon")
 
@@ -69,9 +70,11 @@ class Workaround:
     """A compiler bug the launchers steer around, while the running compiler may have it.
 
     It applies on ``backend`` with any triton up to ``fixed_in`` (exclusive; None: not known to
-    be fixed). ``last_checked`` is the newest triton on which the bug was reproduced or the
-    workaround re-verified: ``tests/test_tuning.py`` fails on a newer triton, as a reminder to
-    check again and move ``last_checked`` or set ``fixed_in``.
+    be fixed), so a newer triton keeps the safe path until someone checks. ``last_checked`` is
+    the newest triton on which the bug was reproduced or the workaround re-verified;
+    :func:`unchecked_workarounds` (printed by ``python -m mla_ops``) names those the running
+    triton is newer than: re-run the GPU tests named in ``why`` there, then move
+    ``last_checked`` or set ``fixed_in``.
     """
 
     backend: str  # "cuda" | "hip"
@@ -106,6 +109,14 @@ def triton_version() -> tuple[int, ...]:
     import triton
 
     return _version_tuple(triton.__version__)
+
+
+def unchecked_workarounds() -> list[str]:
+    """The workarounds still applied on this triton although it is newer than the last one
+    they were checked on (they stay on: the safe path; a GPU run decides whether to drop them)."""
+    return [name for name, w in WORKAROUNDS.items()
+            if (w.fixed_in is None or triton_version() < _version_tuple(w.fixed_in))
+            and triton_version() > _version_tuple(w.last_checked)]
 
 
 def workaround_active(name: str, plat: platform.Platform | None = None) -> bool:

@@ -4,6 +4,7 @@ compiler workarounds keyed on the triton version."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -16,17 +17,29 @@ KERNEL_ARCHS = [(k, a) for k in ("decode_verify", "prefill") for a in ("sm_90", 
                                                                        "gfx1151", "sm_80")]
 
 
-def test_compiler_workarounds_were_checked_on_this_triton():
-    """A reminder, not a check of the code: each workaround names the newest triton it was
-    verified on. On a newer triton, re-run the GPU tests that reproduce each bug (the test ids
-    are in the workaround's ``why``) and move ``last_checked``, or set ``fixed_in``."""
-    installed = tuning.triton_version()
-    for name, w in tuning.WORKAROUNDS.items():
-        if w.fixed_in is not None and installed >= tuning._version_tuple(w.fixed_in):
-            continue
-        assert installed <= tuning._version_tuple(w.last_checked), (
-            f"triton {'.'.join(map(str, installed))} is newer than {w.last_checked}, the last "
-            f"version workaround {name!r} was checked on ({w.why}): check it on the GPU again")
+@pytest.mark.parametrize("version", [(3, 6, 0), (3, 9, 0), (4, 0, 0)], ids=str)
+def test_a_workaround_stays_on_past_the_last_checked_triton(version, monkeypatch):
+    """A triton newer than the one a compiler bug was last checked on keeps the workaround (the
+    safe path) and names it as unchecked, until a GPU run moves ``last_checked`` or sets
+    ``fixed_in``."""
+    monkeypatch.setattr(tuning, "triton_version", lambda: version)
+    with mock_platform("sm_90", interpret=False) as plat:
+        for name, w in tuning.WORKAROUNDS.items():
+            if w.backend == "cuda" and w.fixed_in is None:
+                assert tuning.workaround_active(name, plat), name
+                newer = version > tuning._version_tuple(w.last_checked)
+                assert (name in tuning.unchecked_workarounds()) == newer, (name, version)
+
+
+def test_a_workaround_ends_where_it_was_fixed(monkeypatch):
+    fixed = dataclasses.replace(tuning.WORKAROUNDS["swap_ab_min_stages"], fixed_in="3.9.0")
+    monkeypatch.setitem(tuning.WORKAROUNDS, "swap_ab_min_stages", fixed)
+    with mock_platform("sm_90", interpret=False) as plat:
+        monkeypatch.setattr(tuning, "triton_version", lambda: (3, 8, 1))
+        assert tuning.workaround_active("swap_ab_min_stages", plat)
+        monkeypatch.setattr(tuning, "triton_version", lambda: (3, 9, 0))
+        assert not tuning.workaround_active("swap_ab_min_stages", plat)
+        assert "swap_ab_min_stages" not in tuning.unchecked_workarounds()
 
 
 def _launches(kernel):
