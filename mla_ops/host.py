@@ -1,5 +1,5 @@
-"""What every launcher shares on the host: the device guard, and integer arithmetic in plain
-Python.
+"""What every launcher shares on the host: what a call on CPU tensors runs, the device guard,
+and integer arithmetic in plain Python.
 
 ``triton.cdiv`` and ``triton.next_power_of_2`` are ``ConstexprFunction`` objects in triton 3.6:
 about 4 µs a call on the host, paid on every eager launch (an encoder run outside a CUDA graph,
@@ -9,10 +9,15 @@ the positional decode API). Launchers use these instead; kernels keep ``tl.cdiv`
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
+from typing import Callable
 
 import torch
 
-__all__ = ["cdiv", "next_power_of_2", "device_guard"]
+from .platform import interpreter_enabled
+
+__all__ = ["cdiv", "next_power_of_2", "device_guard", "public_launcher"]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -30,3 +35,64 @@ def device_guard(device: torch.device):
     if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _op_args(op: str) -> tuple[str, ...]:
+    """The argument names of ``mla::<op>``, in order."""
+    from .spec import OPS, parse_schema
+
+    return tuple(a.name for a in parse_schema(OPS[op].schema))
+
+
+@functools.lru_cache(maxsize=None)
+def _written(op: str) -> tuple[bool, ...]:
+    """Per argument of ``mla::<op>``: whether the op writes it (``Tensor(a!)`` in its schema)."""
+    from .spec import OPS, parse_schema
+
+    return tuple(a.written for a in parse_schema(OPS[op].schema))
+
+
+def _in_fp32(launch: Callable, op: str, args: tuple, kwargs: dict) -> None:
+    """``launch`` with every bf16 tensor as an fp32 copy, the written ones copied back.
+
+    Triton's interpreter computes bf16 wrongly (it has no bf16 arithmetic: errors of 1e9); fp32
+    inputs hold bf16 values exactly, so the result is the fp32 kernel's, rounded once."""
+    written = dict(zip(_op_args(op), _written(op)))
+    names = _op_args(op)
+    positional = dict(zip(names, args))
+    wide = {k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 else v
+            for k, v in {**positional, **kwargs}.items()}
+    launch(*(wide[k] for k in positional), **{k: wide[k] for k in kwargs})
+    for k, v in {**positional, **kwargs}.items():
+        if wide[k] is not v and written.get(k, False):
+            v.copy_(wide[k])
+
+
+def public_launcher(op: str, reference: str) -> Callable[[Callable], Callable]:
+    """The public function of ``mla::<op>`` on every device: a GPU tensor goes to the
+    decorated launcher; a CPU tensor to the op's plain-PyTorch CPU kernel (``reference``,
+    ``"module:name"`` in this package), or under ``TRITON_INTERPRET=1`` to the launcher, which
+    then runs the Triton kernels in the interpreter, bf16 computed in fp32 (never a driver
+    error, never the interpreter's bf16 garbage). The op's first argument tells the device."""
+
+    def wrap(launch: Callable) -> Callable:
+        @functools.wraps(launch)
+        def call(*args, **kwargs):
+            first = args[0] if args else kwargs.get(_op_args(op)[0])
+            if isinstance(first, torch.Tensor) and first.device.type == "cpu":
+                if not interpreter_enabled():
+                    module, name = reference.split(":")
+                    kernel = getattr(importlib.import_module(module, __package__), name)
+                    # The op's arguments only: the launcher's keyword-only tuning knobs
+                    # (config=, batches=) mean nothing to the plain-PyTorch kernel.
+                    names = _op_args(op)
+                    return kernel(*args, **{k: v for k, v in kwargs.items() if k in names})
+                if any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16
+                       for a in (*args, *kwargs.values())):
+                    return _in_fp32(launch, op, args, kwargs)
+            return launch(*args, **kwargs)
+
+        return call
+
+    return wrap

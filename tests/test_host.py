@@ -29,3 +29,90 @@ def test_device_guard_switches_only_to_another_cuda_device():
         pytest.skip("another CUDA device is needed to see the guard switch")
     with host.device_guard(torch.device("cuda", 1)):
         assert torch.cuda.current_device() == 1
+
+
+# --- what a call on CPU tensors runs (host.public_launcher) --------------------------------------
+
+# Each case: a bf16 problem small enough for the interpreter, checked by the tolerance rule.
+_BF16_VERIFY = dict(batch=2, heads=4, qlen=2, lens=[70, 5], page=16, dtype=torch.bfloat16)
+_BF16_ENCODER = dict(lens=[33, 17], hq=2, hkv=2, d=72, dtype=torch.bfloat16)
+
+
+def _merge_case(dtype):
+    g = torch.Generator().manual_seed(1)
+    o_parts = torch.randn(3, 4, 2, 40, generator=g).to(dtype)
+    lse_parts = torch.randn(3, 4, 2, generator=g) * 3
+    lse_parts[1, 0] = float("-inf")
+    return o_parts, lse_parts
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs CPU tensors")
+@pytest.mark.parametrize("entry", ["function", "op", "plan"])
+def test_bf16_under_the_interpreter_is_computed_in_fp32(entry):
+    """Triton's interpreter computes bf16 wrongly (errors of 1e9); every public entry of
+    decode verify runs it on fp32 copies and rounds once, so bf16 meets bf16's rule."""
+    import mla_ops
+    from builders import decode_case, interpret
+
+    case = decode_case("cpu", **_BF16_VERIFY)
+    with interpret(True):
+        if entry == "plan":
+            plan = mla_ops.plan_verify(case.batch, case.qlen, case.heads, 128,
+                                       dtype=torch.bfloat16, device="cpu", page_size=case.page_size,
+                                       head_dim=case.k_buffer.shape[-1], v_head_dim=case.Lv)
+            plan.alloc_workspace()
+            args = case.op_args(plan.num_kv_splits)
+            plan.run(args["q"], case.k_buffer, args["o"], args["lse"], args["req_to_token"],
+                     args["seq_lens"], sm_scale=case.sm_scale)
+            o, lse = args["o"], args["lse"]
+        else:
+            o, lse = case.run(num_kv_splits=2,
+                              fn=torch.ops.mla.decode_verify if entry == "op" else None)
+    case.assert_matches(o, lse)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs CPU tensors")
+def test_bf16_encoder_and_merge_under_the_interpreter():
+    from builders import encoder_case, interpret
+
+    from mla_ops.merge.launch import merge_attn_states
+    from mla_ops.reference import merge_attn_states_ref
+
+    case = encoder_case("cpu", **_BF16_ENCODER)
+    with interpret(True):
+        o = case.run()
+        o_parts, lse_parts = _merge_case(torch.bfloat16)
+        merged = torch.full((4, 2, 40), float("nan"), dtype=torch.bfloat16)
+        merged_lse = torch.full((4, 2), float("nan"))
+        merge_attn_states(o_parts, lse_parts, merged, merged_lse)
+    case.assert_matches(o)
+    ref_o, ref_lse = merge_attn_states_ref(o_parts.float(), lse_parts)
+    # the fp32 merge rounded once to bf16: within one bf16 ulp (2^-8 relative) of fp32's
+    assert ((merged.float() - ref_o).abs() <= ref_o.abs() * 2.0 ** -8).all()
+    assert torch.allclose(merged_lse, ref_lse, rtol=1e-6, atol=0)
+
+
+def test_cpu_tensors_without_the_interpreter_run_the_reference():
+    """The public functions on CPU tensors outside the interpreter run the ops' plain-PyTorch
+    CPU kernels (as the ops do), never a Triton launch ("0 active drivers")."""
+    import mla_ops
+    from builders import decode_case, encoder_case, interpret
+
+    from mla_ops.merge.launch import merge_attn_states, rescale_attn_partial
+    from mla_ops.reference import merge_attn_states_ref, rescale_attn_partial_ref
+
+    case = decode_case("cpu", **{**_BF16_VERIFY, "dtype": torch.float32})
+    enc = encoder_case("cpu", **{**_BF16_ENCODER, "dtype": torch.float32})
+    o_parts, lse_parts = _merge_case(torch.float32)
+    with interpret(False):
+        o, lse = case.run(num_kv_splits=2, config={"BLOCK_N": 16})  # config: the launcher's only
+        mla_ops.warmup_decode_attention_fwd_verify(**case.warmup_args())
+        enc_o = enc.run()
+        merged, merged_lse = torch.empty(4, 2, 40), torch.empty(4, 2)
+        merge_attn_states(o_parts, lse_parts, merged, merged_lse)
+        share, share_lse = torch.empty(4, 2, 40), torch.empty(4, 2)
+        rescale_attn_partial(o_parts[1], lse_parts, 1, share, share_lse)
+    case.assert_matches(o, lse)
+    enc.assert_matches(enc_o)
+    assert torch.equal(merged, merge_attn_states_ref(o_parts, lse_parts)[0])
+    assert torch.equal(share, rescale_attn_partial_ref(o_parts[1], lse_parts, 1)[0])

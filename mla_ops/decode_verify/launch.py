@@ -21,7 +21,7 @@ except ImportError:
     TensorDescriptor = None
 
 from .. import checked, platform, spec
-from ..host import cdiv, device_guard, next_power_of_2
+from ..host import cdiv, device_guard, next_power_of_2, public_launcher
 from ..reference import FP8_DTYPES
 from . import kernels
 from .configs import GLUON_FAMILY_CONFIG, HIP_LAUNCH_KEYS, select_verify_config
@@ -192,6 +192,7 @@ def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor,
     return cfg
 
 
+@public_launcher("decode_verify", ".reference:decode_verify_op_ref")
 def decode_attention_fwd_verify(
     q,
     k_buffer,
@@ -385,6 +386,12 @@ def _scratch_like(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.as_strided(base, shape, t.stride(), offset)
 
 
+def _check_warmup(*args, **kwargs) -> None:
+    """The warmup of CPU tensors outside the interpreter: the CPU kernel compiles nothing, so
+    the arguments' check is all there is to do."""
+    _CHECK["warmup_decode_verify"](*args, **kwargs)
+
+
 def reachable_batches(qlen: int, num_heads: int) -> list[int]:
     """One batch for each config the table can select for ``qlen`` and ``num_heads`` (both
     sides of every row bound), which is what a warmup must compile."""
@@ -398,6 +405,7 @@ def reachable_batches(qlen: int, num_heads: int) -> list[int]:
     return sorted(batches)
 
 
+@public_launcher("warmup_decode_verify", ".decode_verify.launch:_check_warmup")
 def warmup_decode_attention_fwd_verify(
     q,
     k_buffer,

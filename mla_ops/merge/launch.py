@@ -18,7 +18,7 @@ only, nothing is allocated and nothing synchronises.
 from __future__ import annotations
 
 from .. import spec
-from ..host import cdiv, device_guard, next_power_of_2
+from ..host import cdiv, device_guard, next_power_of_2, public_launcher
 from . import kernels
 
 __all__ = ["merge_attn_states", "rescale_attn_partial"]
@@ -31,6 +31,7 @@ _MAX_BLOCK_D = 512
 _MAX_BLOCK_P = 16
 
 
+@public_launcher("merge_attn_states", ".reference:merge_attn_states_op_ref")
 def merge_attn_states(o_parts, lse_parts, o, lse=None) -> None:
     """Merge P partial attention states of the same rows over disjoint key sets, exactly.
 
@@ -68,6 +69,7 @@ def merge_attn_states(o_parts, lse_parts, o, lse=None) -> None:
         )
 
 
+@public_launcher("rescale_attn_partial", ".reference:rescale_attn_partial_op_ref")
 def rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out=None) -> None:
     """Partial ``part``'s share of the merged attention state: ``o_out = exp(lse_part - lse) *
     o_part`` with ``lse = log sum_p exp(lse_parts[p])``, so that ``sum_p o_out_p`` over the

@@ -19,7 +19,7 @@ import torch
 import triton
 
 from .. import checked, spec, tuning
-from ..host import cdiv, device_guard, next_power_of_2
+from ..host import cdiv, device_guard, next_power_of_2, public_launcher
 from ..platform import current
 from .configs import select_prefill_config
 from .gluon_launch import (
@@ -202,6 +202,7 @@ def run_launch(launch: Launch) -> None:
             launch.out.copy_(launch.kwargs["O"])
 
 
+@public_launcher("context_attention", ".reference:context_attention_op_ref")
 def context_attention_fwd(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=True,
                           softmax_scale=None, sliding_window_q=None, sliding_window_k=None,
                           sinks=None, *, config: dict[str, Any] | None = None) -> None:
