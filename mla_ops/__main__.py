@@ -142,10 +142,33 @@ def run_prefill(device, small, repeats):
     return ok
 
 
+def _interpreter_process(argv) -> int | None:
+    """Triton picks the interpreter when a kernel is defined, and ``python -m mla_ops`` has
+    imported the package (and its kernels) before ``main`` runs: rerun this command in a
+    process that has ``TRITON_INTERPRET=1`` from its start. Returns its exit status, or None
+    when this process already is one."""
+    from .platform import interpreter_enabled
+
+    if interpreter_enabled():
+        return None
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("numpy") is None:
+        print("--interpret: Triton's interpreter needs numpy, which is not installed "
+              "(pip install numpy)", file=sys.stderr)
+        return 2
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    return subprocess.call([sys.executable, "-m", "mla_ops", *argv], env=env)
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parse(argv)
     if args.interpret:
-        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+        status = _interpreter_process(argv)
+        if status is not None:
+            return status
     import torch
 
     if args.device == "auto":
@@ -163,12 +186,14 @@ def main(argv=None) -> int:
     import triton
 
     import mla_ops
-    from mla_ops.platform import current
+    from mla_ops.platform import current, interpreter_enabled
 
     torch.manual_seed(args.seed)
     plat = current()
     if device == "cpu":
-        path = ("Triton kernels in the interpreter" if args.interpret
+        # What the kernels will really see (a process whose kernels were defined before the
+        # interpreter was on would not run them there).
+        path = ("Triton kernels in the interpreter" if plat.interpret and interpreter_enabled()
                 else "the plain-PyTorch reference (the ops' CPU kernels; no GPU present)")
     else:
         path = "Triton kernels"
@@ -181,8 +206,18 @@ def main(argv=None) -> int:
     tables = ", ".join(f"{k} '{tuning.table(k, plat.arch).get('arch')}'" for k in tuning.KERNELS)
     print(f"config tables: {tables}")
     print(f"op library: {mla_ops.library.EXTENSION_STATUS}")
+    from mla_ops import gluon_support
+
+    why = gluon_support.gluon_available() or (gluon_support.sm90_reason(torch.device(device))
+                                              if device == "cuda" else "no CUDA GPU")
+    print(f"sm_90 Gluon kernels: {'used where the tables choose them' if why is None else why}"
+          f"{'' if why is None else ' -> the portable Triton kernels run'}")
+    unchecked = tuning.unchecked_workarounds()
+    if unchecked:
+        print(f"compiler workarounds kept on, not yet re-checked on this triton: "
+              f"{', '.join(unchecked)}")
     print(f"running: {path}")
-    small = args.interpret
+    small = device == "cpu" and interpreter_enabled()
     ok = True
     with torch.inference_mode():
         if args.only in (None, "verify"):
