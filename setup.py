@@ -22,7 +22,7 @@ import shutil
 import sys
 import sysconfig
 
-from setuptools import Command, Extension, find_packages, setup
+from setuptools import Command, Extension, find_namespace_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -135,8 +135,13 @@ class Develop(Command):
 
 
 setup(
-    packages=find_packages(include=["mla_ops", "mla_ops.*"]),
-    package_data={"mla_ops": ["*/tables/*.json", "tables/*.json"]},
+    # The swept tables' folders (data, no __init__.py) are packages too, so that setuptools
+    # ships their JSON without warning about package data outside any package.
+    packages=find_namespace_packages(include=["mla_ops", "mla_ops.*"], exclude=["*__pycache__*"]),
+    # A flat layout rooted here: an editable install is then a plain .pth of this folder
+    # (setuptools' meta-path finder, for other layouts, warns on every install).
+    package_dir={"": "."},
+    package_data={"": ["*.json"]},
     # A placeholder the BuildC command builds with torch's extension tooling (or skips, saying
     # why): setuptools runs build_ext only for a distribution with extension modules.
     ext_modules=[Extension(EXT_NAME, sources=[])],

@@ -145,19 +145,20 @@ def run_prefill(device, small, repeats):
 def _interpreter_process(argv) -> int | None:
     """Triton picks the interpreter when a kernel is defined, and ``python -m mla_ops`` has
     imported the package (and its kernels) before ``main`` runs: rerun this command in a
-    process that has ``TRITON_INTERPRET=1`` from its start. Returns its exit status, or None
-    when this process already is one."""
+    process that has ``TRITON_INTERPRET=1`` from its start. Returns its exit status (2 when
+    the interpreter cannot run here), or None when this process already is one."""
     from .platform import interpreter_enabled
 
+    from .platform import interpreter_problem
+
+    why = interpreter_problem()
+    if why is not None:
+        print(f"--interpret: {why}", file=sys.stderr)
+        return 2
     if interpreter_enabled():
         return None
-    import importlib.util
     import subprocess
 
-    if importlib.util.find_spec("numpy") is None:
-        print("--interpret: Triton's interpreter needs numpy, which is not installed "
-              "(pip install numpy)", file=sys.stderr)
-        return 2
     env = dict(os.environ, TRITON_INTERPRET="1")
     return subprocess.call([sys.executable, "-m", "mla_ops", *argv], env=env)
 

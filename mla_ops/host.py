@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from .platform import interpreter_enabled
+from .platform import interpreter_enabled, interpreter_problem
 
 __all__ = ["cdiv", "next_power_of_2", "device_guard", "public_launcher"]
 
@@ -88,6 +88,9 @@ def public_launcher(op: str, reference: str) -> Callable[[Callable], Callable]:
                     # (config=, batches=) mean nothing to the plain-PyTorch kernel.
                     names = _op_args(op)
                     return kernel(*args, **{k: v for k, v in kwargs.items() if k in names})
+                why = interpreter_problem()
+                if why is not None:
+                    raise RuntimeError(f"TRITON_INTERPRET is set, but {why}")
                 if any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16
                        for a in (*args, *kwargs.values())):
                     return _in_fp32(launch, op, args, kwargs)

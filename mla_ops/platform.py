@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["Platform", "current", "mock_platform", "interpreter_enabled"]
+__all__ = ["Platform", "current", "mock_platform", "interpreter_enabled", "interpreter_problem"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +41,27 @@ class Platform:
 def interpreter_enabled() -> bool:
     """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=1)
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run the kernels with the installed packages, or None.
+
+    triton 3.6's interpreter takes ``int()`` of one-element arrays (a loaded loop bound), which
+    numpy 2.4 made an error; triton 3.7 and later do not."""
+    import importlib.util
+
+    if importlib.util.find_spec("numpy") is None:
+        return "Triton's interpreter needs numpy, which is not installed (pip install numpy)"
+    import numpy
+    import triton
+
+    from .tuning import _version_tuple
+
+    if _version_tuple(triton.__version__) < (3, 7) and _version_tuple(numpy.__version__) >= (2, 4):
+        return (f"triton {triton.__version__}'s interpreter fails with numpy {numpy.__version__} "
+                "(int() of a one-element array): install numpy<2.4 or triton>=3.7")
+    return None
 
 
 @functools.lru_cache(maxsize=1)

@@ -24,6 +24,18 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running; still part of the default run")
 
 
+def pytest_sessionstart(session):
+    """On a CPU machine every kernel test runs in Triton's interpreter: if it cannot run with the
+    installed packages, say why once instead of failing a thousand tests."""
+    if _HAS_GPU:
+        return
+    from mla_ops.platform import interpreter_problem
+
+    why = interpreter_problem()
+    if why is not None:
+        pytest.exit(f"the Triton interpreter cannot run here: {why}", returncode=1)
+
+
 def pytest_report_header(config):
     """Which side defined torch.ops.mla, and why mla_ops._C was not built if it was not."""
     import mla_ops.library

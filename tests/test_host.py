@@ -116,3 +116,18 @@ def test_cpu_tensors_without_the_interpreter_run_the_reference():
     enc.assert_matches(enc_o)
     assert torch.equal(merged, merge_attn_states_ref(o_parts, lse_parts)[0])
     assert torch.equal(share, rescale_attn_partial_ref(o_parts[1], lse_parts, 1)[0])
+
+
+@pytest.mark.parametrize("triton_v,numpy_v,bad", [("3.6.0", "2.3.5", False), ("3.6.0", "2.4.0", True),
+                                                  ("3.7.1", "2.4.6", False), ("3.9.0", "2.4.6", False)])
+def test_the_interpreter_names_a_numpy_it_cannot_run_with(triton_v, numpy_v, bad, monkeypatch):
+    import numpy
+
+    from mla_ops import platform
+
+    monkeypatch.setattr(triton, "__version__", triton_v)
+    monkeypatch.setattr(numpy, "__version__", numpy_v)
+    why = platform.interpreter_problem.__wrapped__()
+    assert (why is not None) == bad
+    if bad:
+        assert "numpy<2.4" in why and triton_v in why
