@@ -122,6 +122,14 @@ def decode_verify_ref(
     return o, lse
 
 
+def _empty_if_inf(lse_parts: torch.Tensor) -> torch.Tensor:
+    """Partials' LSEs as the merge reads them: ``+inf`` becomes ``-inf``, a partial that saw no
+    key. FlashAttention-2 writes ``+inf`` for a row with no key where FA3 (and these kernels)
+    write ``-inf``; a real LSE is never infinite, so vLLM's merge reads both as empty, and so do
+    the merge kernels here (``mla_ops.merge.kernels._empty_if_inf``). NaN stays NaN."""
+    return lse_parts.masked_fill(lse_parts == float("inf"), float("-inf"))
+
+
 def merge_attn_states_ref(
     o_parts: torch.Tensor,
     lse_parts: torch.Tensor,
@@ -131,15 +139,16 @@ def merge_attn_states_ref(
 
     Args:
         o_parts: ``[P, ...rows, D]`` each partial's normalized output.
-        lse_parts: ``[P, ...rows]`` natural-log LSE of each partial; ``-inf``: the partial saw
-            no key (its o is not read, NaN there is harmless).
+        lse_parts: ``[P, ...rows]`` natural-log LSE of each partial; ``-inf`` or ``+inf``: the
+            partial saw no key (its o is not read, NaN there is harmless; +inf is
+            FlashAttention-2's empty row).
 
     Returns:
         ``o [...rows, D]`` ``= sum_p exp(lse_p - lse) o_p`` and ``lse [...rows]``
         ``= log sum_p exp(lse_p)``, in ``compute_dtype``; ``o = 0``, ``lse = -inf`` where every
         partial is ``-inf``.
     """
-    lse_p = lse_parts.to(compute_dtype)
+    lse_p = _empty_if_inf(lse_parts.to(compute_dtype))
     lse = torch.logsumexp(lse_p, dim=0)  # -inf where all partials are
     empty = torch.isinf(lse) & (lse < 0)
     w = torch.exp(lse_p - torch.where(empty, torch.zeros_like(lse), lse))  # [P, ...rows]
@@ -155,13 +164,14 @@ def rescale_attn_partial_ref(
     compute_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial ``part``'s share of the merged state: ``(exp(lse_part - lse) * o_part, lse)`` with
-    ``lse = log sum_p exp(lse_parts[p])``; 0 where ``lse_parts[part]`` is ``-inf`` (o_part not
-    read there). Summed over the partials, the shares give :func:`merge_attn_states_ref`'s o.
+    ``lse = log sum_p exp(lse_parts[p])``; 0 where ``lse_parts[part]`` is ``-inf`` or ``+inf``
+    (o_part not read there). Summed over the partials, the shares give
+    :func:`merge_attn_states_ref`'s o.
 
     Args: ``o_part [...rows, D]``, ``lse_parts [P, ...rows]``. Returns ``([...rows, D],
     [...rows])`` in ``compute_dtype``.
     """
-    lse_p = lse_parts.to(compute_dtype)
+    lse_p = _empty_if_inf(lse_parts.to(compute_dtype))
     lse = torch.logsumexp(lse_p, dim=0)
     own = lse_p[part]
     seen = own > float("-inf")
