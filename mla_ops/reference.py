@@ -281,11 +281,12 @@ def context_attention_op_ref(q, k, v, o, b_start_loc, b_seq_len, max_input_len, 
 
 
 def merge_attn_states_op_ref(o_parts, lse_parts, o, lse=None):
-    """The CPU kernel of ``mla::merge_attn_states``: checks the arguments, then writes ``o``
-    (and ``lse``)."""
-    from . import spec
+    """The CPU kernel of ``mla::merge_attn_states``: checks the arguments and, since it
+    synchronises anyway, the data (:mod:`mla_ops.checked`), then writes ``o`` (and ``lse``)."""
+    from . import checked, spec
 
     spec.python_checks()["merge_attn_states"](o_parts, lse_parts, o, lse)
+    checked.validate_merge_attn_states(o_parts, lse_parts, o, lse)
     out, out_lse = merge_attn_states_ref(o_parts, lse_parts)
     o.copy_(out)
     if lse is not None:
@@ -293,11 +294,12 @@ def merge_attn_states_op_ref(o_parts, lse_parts, o, lse=None):
 
 
 def rescale_attn_partial_op_ref(o_part, lse_parts, part, o_out, lse_out=None):
-    """The CPU kernel of ``mla::rescale_attn_partial``: checks the arguments, then writes
-    ``o_out`` (``[rows, H, D]`` or ``[rows, C, H/C, D]``) and ``lse_out``."""
-    from . import spec
+    """The CPU kernel of ``mla::rescale_attn_partial``: checks the arguments and the data, then
+    writes ``o_out`` (``[rows, H, D]`` or ``[rows, C, H/C, D]``) and ``lse_out``."""
+    from . import checked, spec
 
     spec.python_checks()["rescale_attn_partial"](o_part, lse_parts, part, o_out, lse_out)
+    checked.validate_rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out)
     out, out_lse = rescale_attn_partial_ref(o_part, lse_parts, part)
     o_out.copy_(out.view(o_out.shape))
     if lse_out is not None:
