@@ -172,8 +172,9 @@ def test_checked_mode_accepts_infinite_lse(device, op):
     assert not torch.isnan(o).any()
 
 
-def test_checked_mode_switches():
-    saved = os.environ.pop(checked.ENV, None)
+def test_checked_mode_switches(monkeypatch):
+    was_on = checked.enabled()
+    monkeypatch.delenv(checked.ENV, raising=False)  # monkeypatch puts the variable back after
     try:
         mla_ops.set_checked_mode(None)
         assert not checked.enabled()
@@ -181,16 +182,13 @@ def test_checked_mode_switches():
             assert checked.enabled()
             with mla_ops.checked_mode(False):
                 assert not checked.enabled()
-        os.environ[checked.ENV] = "1"
+        monkeypatch.setenv(checked.ENV, "1")
         mla_ops.set_checked_mode(False)
         assert not checked.enabled()
         mla_ops.set_checked_mode(None)  # back to the environment
         assert checked.enabled()
     finally:
-        mla_ops.set_checked_mode(None)
-        os.environ.pop(checked.ENV, None)
-        if saved is not None:
-            os.environ[checked.ENV] = saved
+        mla_ops.set_checked_mode(was_on)  # the switch as it was, whatever the environment says
 
 
 def test_checked_mode_valid_input_runs(device):
