@@ -3,12 +3,18 @@
 TRITON_INTERPRET must be set before triton is first imported, so this runs at collection,
 before any test module imports mla_ops.
 
-Every test must leave the process's global state (checked mode, ``MLA_OPS_*`` / ``TRITON_*``
-variables, ``mock_platform``, the tuning tables) as it found it, or the next test runs under it:
-a test that does not fails at teardown, naming what it changed, and the state is put back.
+Two guards against tests that depend on their order:
+
+* every test must leave the process's global state (checked mode, ``MLA_OPS_*`` / ``TRITON_*``
+  variables, ``mock_platform``, the tuning tables) as it found it, or the next test runs under
+  it: a test that does not fails at teardown, naming what it changed, and the state is put back;
+* ``--random-order-seed=N`` (or ``MLA_OPS_TEST_SEED=N``; ``random`` picks one) runs the test
+  modules, and the tests within each module, in an order shuffled by N, printed in the header
+  so that a failing order can be replayed. Off by default: the collected order.
 """
 
 import os
+import random
 
 import pytest
 
@@ -23,19 +29,65 @@ if not _HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+SEED_ENV = "MLA_OPS_TEST_SEED"
+_ORDER_SEED = pytest.StashKey[int | None]()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--random-order-seed", default=None, metavar="N",
+        help=f"run the test modules, and the tests within each, in an order shuffled by N "
+             f"('random': a new N each run; default ${SEED_ENV}, else the collected order)")
+
+
+def _order_seed(config) -> int | None:
+    value = config.getoption("--random-order-seed") or os.environ.get(SEED_ENV) or None
+    if value is None:
+        return None
+    if value == "random":
+        return random.SystemRandom().randrange(10 ** 6)
+    try:
+        return int(value)
+    except ValueError:
+        raise pytest.UsageError(f"--random-order-seed / {SEED_ENV}: expected an integer or "
+                                f"'random', got {value!r}") from None
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA/HIP GPU; skipped on CPU-only machines")
     config.addinivalue_line("markers", "slow: long-running; still part of the default run")
+    config.stash[_ORDER_SEED] = _order_seed(config)
 
 
 def pytest_report_header(config):
-    """Which side defined torch.ops.mla, and why mla_ops._C was not built if it was not."""
+    """Which side defined torch.ops.mla, and why mla_ops._C was not built if it was not; the
+    test order."""
     import mla_ops.library
 
-    return f"mla_ops: {mla_ops.library.EXTENSION_STATUS}"
+    seed = config.stash[_ORDER_SEED]
+    order = ("collected (shuffle with --random-order-seed=N)" if seed is None else
+             f"shuffled by seed {seed} (replay: --random-order-seed={seed})")
+    return [f"mla_ops: {mla_ops.library.EXTENSION_STATUS}", f"test order: {order}"]
+
+
+def _shuffle(items, seed):
+    """Shuffle the modules, then the tests within each module, keeping a module's tests
+    together (its module-scoped fixtures are set up once)."""
+    rng = random.Random(seed)
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    groups = list(modules.values())
+    rng.shuffle(groups)
+    for group in groups:
+        rng.shuffle(group)
+    items[:] = [item for group in groups for item in group]
 
 
 def pytest_collection_modifyitems(config, items):
+    seed = config.stash[_ORDER_SEED]
+    if seed is not None:
+        _shuffle(items, seed)
     if _HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs a GPU (this machine runs the Triton interpreter)")
