@@ -1,8 +1,9 @@
 """Checked mode: validate the metadata only the data can show wrong, before any launch.
 
 Serving runs trust their index metadata, as they must for speed: a page index past the cache,
-a length past the block table or a start past the packed tokens cannot be seen without reading
-the tensors, which synchronises the device. Checked mode reads them. It is off by default and
+a length past the block table, a start past the packed tokens or a NaN among the LSEs a merge
+weighs by cannot be seen without reading the tensors, which synchronises the device. Checked
+mode reads them. It is off by default and
 switched on by the environment variable ``MLA_OPS_CHECKED=1``, or in code::
 
     with mla_ops.checked_mode():          # or mla_ops.set_checked_mode(True)
@@ -25,7 +26,8 @@ from typing import Iterator
 import torch
 
 __all__ = ["ENV", "enabled", "checked_mode", "set_checked_mode",
-           "validate_decode_verify", "validate_context_attention", "local_length"]
+           "validate_decode_verify", "validate_context_attention", "validate_merge_attn_states",
+           "validate_rescale_attn_partial", "local_length"]
 
 ENV = "MLA_OPS_CHECKED"
 
@@ -155,3 +157,25 @@ def validate_context_attention(q, k, v, o, b_start_loc, b_seq_len, max_input_len
         raise ValueError(
             f"b_start_loc: sequence {b} starts at {int(starts[b])}, inside sequence {a} "
             f"([{int(starts[a])}, {int(starts[a] + lens[a])})); sequences must not overlap")
+
+
+def _validate_lse_parts(op: str, lse_parts: torch.Tensor) -> None:
+    """No NaN among the partials' LSEs: a NaN weight makes its whole row NaN. ``-inf`` and
+    ``+inf`` are valid (a partial that saw no key; ``+inf`` is FlashAttention-2's marker)."""
+    _refuse_capture(op, lse_parts.device)
+    bad = _first_bad(torch.isnan(lse_parts))
+    if bad is not None:
+        p, row, head = bad
+        raise ValueError(
+            f"lse_parts: partial {p} has LSE nan at row {row}, head {head}; an LSE must be a "
+            "number, or -inf (or +inf) for a partial that saw no key")
+
+
+def validate_merge_attn_states(o_parts, lse_parts, o, lse=None) -> None:
+    """No NaN in ``lse_parts``. Arguments already spec-checked."""
+    _validate_lse_parts("merge_attn_states", lse_parts)
+
+
+def validate_rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out=None) -> None:
+    """No NaN in ``lse_parts`` (any partial's: each one's feeds the merged LSE)."""
+    _validate_lse_parts("rescale_attn_partial", lse_parts)

@@ -116,8 +116,12 @@ def shard_positions(positions: torch.Tensor, world: int, rank: int, interleave: 
 
     ``positions``: integer tensor (>= 0) of global positions, e.g. the positions of the verify
     tokens being written to the cache. ``owned``: bool, the position is on this rank;
-    ``local``: its position in this rank's local sequence (valid where owned; where not, the
-    local position of the next token the rank holds). Capture-safe tensor ops.
+    ``local``: its position in this rank's local sequence, valid where owned. Where not, it is
+    the local position of this rank's token at the same offset of the same round of
+    ``world * interleave`` positions (``p // (world * interleave) * interleave + p %
+    interleave``): a slot of another token, before or after ``p`` depending on which rank
+    holds ``p`` (neither the previous nor the next local slot in general), so a slot mapping
+    must mask it, e.g. ``torch.where(owned, local, -1)``. Capture-safe tensor ops.
     """
     check_context_parallel(world, rank, interleave)
     block = torch.div(positions, interleave, rounding_mode="floor")

@@ -122,6 +122,14 @@ def decode_verify_ref(
     return o, lse
 
 
+def _empty_if_inf(lse_parts: torch.Tensor) -> torch.Tensor:
+    """Partials' LSEs as the merge reads them: ``+inf`` becomes ``-inf``, a partial that saw no
+    key. FlashAttention-2 writes ``+inf`` for a row with no key where FA3 (and these kernels)
+    write ``-inf``; a real LSE is never infinite, so vLLM's merge reads both as empty, and so do
+    the merge kernels here (``mla_ops.merge.kernels._empty_if_inf``). NaN stays NaN."""
+    return lse_parts.masked_fill(lse_parts == float("inf"), float("-inf"))
+
+
 def merge_attn_states_ref(
     o_parts: torch.Tensor,
     lse_parts: torch.Tensor,
@@ -131,15 +139,16 @@ def merge_attn_states_ref(
 
     Args:
         o_parts: ``[P, ...rows, D]`` each partial's normalized output.
-        lse_parts: ``[P, ...rows]`` natural-log LSE of each partial; ``-inf``: the partial saw
-            no key (its o is not read, NaN there is harmless).
+        lse_parts: ``[P, ...rows]`` natural-log LSE of each partial; ``-inf`` or ``+inf``: the
+            partial saw no key (its o is not read, NaN there is harmless; +inf is
+            FlashAttention-2's empty row).
 
     Returns:
         ``o [...rows, D]`` ``= sum_p exp(lse_p - lse) o_p`` and ``lse [...rows]``
         ``= log sum_p exp(lse_p)``, in ``compute_dtype``; ``o = 0``, ``lse = -inf`` where every
         partial is ``-inf``.
     """
-    lse_p = lse_parts.to(compute_dtype)
+    lse_p = _empty_if_inf(lse_parts.to(compute_dtype))
     lse = torch.logsumexp(lse_p, dim=0)  # -inf where all partials are
     empty = torch.isinf(lse) & (lse < 0)
     w = torch.exp(lse_p - torch.where(empty, torch.zeros_like(lse), lse))  # [P, ...rows]
@@ -155,13 +164,14 @@ def rescale_attn_partial_ref(
     compute_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial ``part``'s share of the merged state: ``(exp(lse_part - lse) * o_part, lse)`` with
-    ``lse = log sum_p exp(lse_parts[p])``; 0 where ``lse_parts[part]`` is ``-inf`` (o_part not
-    read there). Summed over the partials, the shares give :func:`merge_attn_states_ref`'s o.
+    ``lse = log sum_p exp(lse_parts[p])``; 0 where ``lse_parts[part]`` is ``-inf`` or ``+inf``
+    (o_part not read there). Summed over the partials, the shares give
+    :func:`merge_attn_states_ref`'s o.
 
     Args: ``o_part [...rows, D]``, ``lse_parts [P, ...rows]``. Returns ``([...rows, D],
     [...rows])`` in ``compute_dtype``.
     """
-    lse_p = lse_parts.to(compute_dtype)
+    lse_p = _empty_if_inf(lse_parts.to(compute_dtype))
     lse = torch.logsumexp(lse_p, dim=0)
     own = lse_p[part]
     seen = own > float("-inf")
@@ -271,11 +281,12 @@ def context_attention_op_ref(q, k, v, o, b_start_loc, b_seq_len, max_input_len, 
 
 
 def merge_attn_states_op_ref(o_parts, lse_parts, o, lse=None):
-    """The CPU kernel of ``mla::merge_attn_states``: checks the arguments, then writes ``o``
-    (and ``lse``)."""
-    from . import spec
+    """The CPU kernel of ``mla::merge_attn_states``: checks the arguments and, since it
+    synchronises anyway, the data (:mod:`mla_ops.checked`), then writes ``o`` (and ``lse``)."""
+    from . import checked, spec
 
     spec.python_checks()["merge_attn_states"](o_parts, lse_parts, o, lse)
+    checked.validate_merge_attn_states(o_parts, lse_parts, o, lse)
     out, out_lse = merge_attn_states_ref(o_parts, lse_parts)
     o.copy_(out)
     if lse is not None:
@@ -283,11 +294,12 @@ def merge_attn_states_op_ref(o_parts, lse_parts, o, lse=None):
 
 
 def rescale_attn_partial_op_ref(o_part, lse_parts, part, o_out, lse_out=None):
-    """The CPU kernel of ``mla::rescale_attn_partial``: checks the arguments, then writes
-    ``o_out`` (``[rows, H, D]`` or ``[rows, C, H/C, D]``) and ``lse_out``."""
-    from . import spec
+    """The CPU kernel of ``mla::rescale_attn_partial``: checks the arguments and the data, then
+    writes ``o_out`` (``[rows, H, D]`` or ``[rows, C, H/C, D]``) and ``lse_out``."""
+    from . import checked, spec
 
     spec.python_checks()["rescale_attn_partial"](o_part, lse_parts, part, o_out, lse_out)
+    checked.validate_rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out)
     out, out_lse = rescale_attn_partial_ref(o_part, lse_parts, part)
     o_out.copy_(out.view(o_out.shape))
     if lse_out is not None:

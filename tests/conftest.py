@@ -2,9 +2,19 @@
 
 TRITON_INTERPRET must be set before triton is first imported, so this runs at collection,
 before any test module imports mla_ops.
+
+Two guards against tests that depend on their order:
+
+* every test must leave the process's global state (checked mode, ``MLA_OPS_*`` / ``TRITON_*``
+  variables, ``mock_platform``, the tuning tables) as it found it, or the next test runs under
+  it: a test that does not fails at teardown, naming what it changed, and the state is put back;
+* ``--random-order-seed=N`` (or ``MLA_OPS_TEST_SEED=N``; ``random`` picks one) runs the test
+  modules, and the tests within each module, in an order shuffled by N, printed in the header
+  so that a failing order can be replayed. Off by default: the collected order.
 """
 
 import os
+import random
 
 import pytest
 
@@ -19,9 +29,34 @@ if not _HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+SEED_ENV = "MLA_OPS_TEST_SEED"
+_ORDER_SEED = pytest.StashKey[int | None]()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--random-order-seed", default=None, metavar="N",
+        help=f"run the test modules, and the tests within each, in an order shuffled by N "
+             f"('random': a new N each run; default ${SEED_ENV}, else the collected order)")
+
+
+def _order_seed(config) -> int | None:
+    value = config.getoption("--random-order-seed") or os.environ.get(SEED_ENV) or None
+    if value is None:
+        return None
+    if value == "random":
+        return random.SystemRandom().randrange(10 ** 6)
+    try:
+        return int(value)
+    except ValueError:
+        raise pytest.UsageError(f"--random-order-seed / {SEED_ENV}: expected an integer or "
+                                f"'random', got {value!r}") from None
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA/HIP GPU; skipped on CPU-only machines")
     config.addinivalue_line("markers", "slow: long-running; still part of the default run")
+    config.stash[_ORDER_SEED] = _order_seed(config)
 
 
 def pytest_sessionstart(session):
@@ -37,13 +72,34 @@ def pytest_sessionstart(session):
 
 
 def pytest_report_header(config):
-    """Which side defined torch.ops.mla, and why mla_ops._C was not built if it was not."""
+    """Which side defined torch.ops.mla, and why mla_ops._C was not built if it was not; the
+    test order."""
     import mla_ops.library
 
-    return f"mla_ops: {mla_ops.library.EXTENSION_STATUS}"
+    seed = config.stash[_ORDER_SEED]
+    order = ("collected (shuffle with --random-order-seed=N)" if seed is None else
+             f"shuffled by seed {seed} (replay: --random-order-seed={seed})")
+    return [f"mla_ops: {mla_ops.library.EXTENSION_STATUS}", f"test order: {order}"]
+
+
+def _shuffle(items, seed):
+    """Shuffle the modules, then the tests within each module, keeping a module's tests
+    together (its module-scoped fixtures are set up once)."""
+    rng = random.Random(seed)
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    groups = list(modules.values())
+    rng.shuffle(groups)
+    for group in groups:
+        rng.shuffle(group)
+    items[:] = [item for group in groups for item in group]
 
 
 def pytest_collection_modifyitems(config, items):
+    seed = config.stash[_ORDER_SEED]
+    if seed is not None:
+        _shuffle(items, seed)
     if _HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs a GPU (this machine runs the Triton interpreter)")
@@ -61,3 +117,54 @@ def device():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def _global_state():
+    """What a test may change only for its own duration (compared with ==, put back by
+    :func:`_restore`)."""
+    from mla_ops import checked, platform, tuning
+
+    return {
+        "checked mode": checked.enabled(),
+        "environment": {k: v for k, v in os.environ.items()
+                        if k.startswith(("MLA_OPS_", "TRITON_"))},
+        "mock_platform": platform._override,
+        "tuning tables": {name: dict(k.builtin) for name, k in tuning.KERNELS.items()},
+    }
+
+
+def _restore(state):
+    from mla_ops import checked, platform, tuning
+
+    checked.set_checked_mode(state["checked mode"])
+    for k in [k for k in os.environ if k.startswith(("MLA_OPS_", "TRITON_"))]:
+        del os.environ[k]
+    os.environ.update(state["environment"])
+    platform._override = state["mock_platform"]
+    for name, builtin in state["tuning tables"].items():
+        tuning.KERNELS[name].builtin.clear()
+        tuning.KERNELS[name].builtin.update(builtin)
+    tuning.table.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _leaves_global_state_alone():
+    """Fail a test that leaves global state changed (the next test, in whatever order, would
+    run under it), after putting the state back."""
+    before = _global_state()
+    yield
+    after = _global_state()
+    changed = [what for what in before if after[what] != before[what]]
+    if changed:
+        _restore(before)
+        pytest.fail("the test left global state changed: " + "; ".join(
+            f"{what}: {_change(before[what], after[what])}" for what in changed), pytrace=False)
+
+
+def _change(before, after) -> str:
+    if isinstance(before, dict) and isinstance(after, dict):
+        return ", ".join(f"{k}: {_change(before.get(k), after.get(k))}"
+                         for k in sorted(before.keys() | after.keys(), key=str)
+                         if before.get(k) != after.get(k))
+    short = [r if len(r) <= 80 else r[:77] + "..." for r in (repr(before), repr(after))]
+    return " -> ".join(short)

@@ -11,6 +11,7 @@ import math
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import types
@@ -149,12 +150,6 @@ def test_rotation_calls_each_copy_and_time_call_counts_per_call(monkeypatch):
 
 
 def test_json_carries_env_command_and_commit(tmp_path, monkeypatch):
-    monkeypatch.delenv("MLA_OPS_COMMIT", raising=False)
-    commit = results.git_commit()
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
-    if head:
-        assert commit.split("+")[0] == head
     monkeypatch.setenv("MLA_OPS_COMMIT", "abc1234")
     path = tmp_path / "sub" / "r.json"
     results.write_json(path, [{"x": 1.5}], {"copy_TBps": 4.0},
@@ -163,7 +158,27 @@ def test_json_carries_env_command_and_commit(tmp_path, monkeypatch):
     assert doc["env"]["commit"] == "abc1234" and doc["env"]["torch"] == torch.__version__
     assert doc["command"] == "python benchmarks/x.py --shape 'M1 M2'"
     assert doc["ceilings"] == {"copy_TBps": 4.0} and doc["rows"] == [{"x": 1.5}]
-    monkeypatch.delenv("MLA_OPS_COMMIT")
+
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="no git executable")
+
+
+@needs_git
+@pytest.mark.skipif(not (ROOT / ".git").exists(),
+                    reason="this tree is not a git checkout (a copy without .git, as on the "
+                           "device): it has no commit of its own to compare")
+def test_commit_is_this_checkouts_head(monkeypatch):
+    monkeypatch.delenv("MLA_OPS_COMMIT", raising=False)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert results.git_commit().split("+")[0] == head
+
+
+@needs_git
+def test_commit_of_a_tree_without_its_own_checkout_is_none(tmp_path, monkeypatch):
+    """No checkout, or a tree inside another repository: None (not the outer repository's
+    commit); a checkout: its HEAD, ``+dirty`` when a tracked file changed."""
+    monkeypatch.delenv("MLA_OPS_COMMIT", raising=False)
     monkeypatch.setattr(results, "ROOT", tmp_path)  # not a checkout
     assert results.git_commit() is None
     repo = tmp_path / "repo"

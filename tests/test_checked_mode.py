@@ -16,6 +16,7 @@ import torch
 
 import mla_ops
 from mla_ops import checked
+from mla_ops.merge import launch as merge
 
 from builders import decode_case, encoder_case, interpret
 
@@ -123,8 +124,57 @@ def test_bad_encoder_metadata_named(device, path, message, change):
     assert torch.equal(args["o"].view(torch.uint8), o_before.view(torch.uint8))
 
 
-def test_checked_mode_switches():
-    saved = os.environ.pop(checked.ENV, None)
+def _merge_lses(device):
+    """Two partials' LSEs for 3 rows and 2 heads, with both empty markers (-inf, +inf)."""
+    lse_parts = torch.randn(2, 3, 2, device=device)
+    lse_parts[0, 1, 0], lse_parts[1, 0, 1] = float("-inf"), float("inf")
+    return lse_parts
+
+
+MERGE_OPS = {
+    "merge": (merge.merge_attn_states, torch.ops.mla.merge_attn_states,
+              lambda o_parts, lse_parts, o, lse: (o_parts, lse_parts, o, lse)),
+    "rescale": (merge.rescale_attn_partial, torch.ops.mla.rescale_attn_partial,
+                lambda o_parts, lse_parts, o, lse: (o_parts[1], lse_parts, 1, o, lse)),
+}
+
+
+@pytest.mark.parametrize("op", list(MERGE_OPS))
+@pytest.mark.parametrize("path", ["function-checked", "op-reference"])
+def test_nan_lse_named(device, path, op):
+    """A NaN among the partials' LSEs (any partial's, also another's for the rescale) is refused
+    with the partial, row and head; the ``±inf`` empty markers beside it are not."""
+    if path == "op-reference" and device != "cpu":
+        pytest.skip("the reference path is the CPU kernel")
+    fn, the_op, arguments = MERGE_OPS[op]
+    lse_parts = _merge_lses(device)
+    lse_parts[0, 2, 1] = float("nan")
+    o = torch.full((3, 2, 16), 7.0, device=device)
+    args = arguments(torch.randn(2, 3, 2, 16, device=device), lse_parts, o,
+                     torch.empty(3, 2, device=device))
+    with _raises_named("lse_parts: partial 0 has LSE nan at row 2, head 1"):
+        if path == "function-checked":
+            with mla_ops.checked_mode():
+                fn(*args)
+        else:
+            with interpret(False):
+                the_op(*args)
+    assert (o == 7.0).all(), "refused before any launch"
+
+
+@pytest.mark.parametrize("op", list(MERGE_OPS))
+def test_checked_mode_accepts_infinite_lse(device, op):
+    """``-inf`` and ``+inf`` LSEs are empty partials, not errors: checked mode runs the merge."""
+    fn, _, arguments = MERGE_OPS[op]
+    o = torch.full((3, 2, 16), float("nan"), device=device)
+    with mla_ops.checked_mode():
+        fn(*arguments(torch.randn(2, 3, 2, 16, device=device), _merge_lses(device), o, None))
+    assert not torch.isnan(o).any()
+
+
+def test_checked_mode_switches(monkeypatch):
+    was_on = checked.enabled()
+    monkeypatch.delenv(checked.ENV, raising=False)  # monkeypatch puts the variable back after
     try:
         mla_ops.set_checked_mode(None)
         assert not checked.enabled()
@@ -132,16 +182,13 @@ def test_checked_mode_switches():
             assert checked.enabled()
             with mla_ops.checked_mode(False):
                 assert not checked.enabled()
-        os.environ[checked.ENV] = "1"
+        monkeypatch.setenv(checked.ENV, "1")
         mla_ops.set_checked_mode(False)
         assert not checked.enabled()
         mla_ops.set_checked_mode(None)  # back to the environment
         assert checked.enabled()
     finally:
-        mla_ops.set_checked_mode(None)
-        os.environ.pop(checked.ENV, None)
-        if saved is not None:
-            os.environ[checked.ENV] = saved
+        mla_ops.set_checked_mode(was_on)  # the switch as it was, whatever the environment says
 
 
 def test_checked_mode_valid_input_runs(device):

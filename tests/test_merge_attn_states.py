@@ -8,6 +8,8 @@ random (never zeros), outputs are NaN before every call, the partials of a ``-in
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -163,6 +165,100 @@ def test_rescale_in_place(device):
     rescale_attn_partial(o, lse_parts, 1, o, None)
     ref, _ = rescale_attn_partial_ref(o_parts[1], lse_parts, 1)
     torch.testing.assert_close(o, ref, atol=1e-6, rtol=1e-6)
+
+
+# --- +inf: an empty partial, as in vLLM's merge, on every path ------------------------------
+
+POS_INF = float("inf")
+
+# id, P, rows, heads, dim, dtype, {(p, row, head): LSE}; every other LSE is random and finite
+INF_CASES = [
+    ("one-partial", 2, 3, 2, 32, torch.float32, {(1, 0, 0): POS_INF, (0, 2, 1): POS_INF}),
+    ("all-partials", 3, 2, 2, 40, torch.float16,
+     {(p, 1, h): POS_INF for p in range(3) for h in range(2)}),
+    ("mixed-with-neg-inf", 4, 3, 2, 32, torch.float16,
+     {(0, 0, 0): POS_INF, (1, 0, 0): NEG_INF,  # two empty, two real partials
+      (0, 1, 1): POS_INF, (1, 1, 1): NEG_INF, (2, 1, 1): POS_INF, (3, 1, 1): NEG_INF,  # none
+      (3, 2, 0): POS_INF, (2, 2, 1): NEG_INF}),
+]
+
+
+def _inf_parts(device, P, rows, heads, dim, dtype, lses):
+    """Random partials with the given LSEs set; the o of every infinite one is NaN (an empty
+    partial's o must not be read). Returns them and the same LSEs with +inf written as -inf,
+    which is what +inf must mean."""
+    o_parts, lse_parts = make_parts(device, P, rows, heads, dim, dtype)
+    for at, value in lses.items():
+        lse_parts[at] = value
+    o_parts[torch.isinf(lse_parts)] = float("nan")
+    return o_parts, lse_parts, lse_parts.masked_fill(torch.isposinf(lse_parts), NEG_INF)
+
+
+def _paths(device):
+    """Every path of one op: the launcher (Triton), the op on the device's kernel and, on a CPU,
+    the op's plain-PyTorch kernel (the interpreter off)."""
+    paths = [("function", None, False), ("op", True if device == "cpu" else None, True)]
+    return paths + ([("op-cpu-kernel", False, True)] if device == "cpu" else [])
+
+
+def _kernel(triton_kernel):
+    """The op's CPU kernel as the path asks (None: whatever the device runs)."""
+    return contextlib.nullcontext() if triton_kernel is None else interpret(triton_kernel)
+
+
+@pytest.mark.parametrize("P,rows,heads,dim,dtype,lses", [c[1:] for c in INF_CASES],
+                         ids=[c[0] for c in INF_CASES])
+def test_merge_pos_inf_lse_is_an_empty_partial(device, P, rows, heads, dim, dtype, lses):
+    """``+inf`` merges exactly as ``-inf`` (the partial is dropped, its o not read) on the
+    launcher, the op and the op's CPU kernel, and in the reference; all paths agree."""
+    o_parts, lse_parts, as_empty = _inf_parts(device, P, rows, heads, dim, dtype, lses)
+    ref_o, ref_lse = merge_attn_states_ref(o_parts, lse_parts)
+    want_o, want_lse = merge_attn_states_ref(o_parts, as_empty)
+    assert torch.equal(ref_lse, want_lse) and torch.equal(ref_o, want_o), "reference"
+    results = {}
+    for name, triton_kernel, via_op in _paths(device):
+        o, lse = outputs(device, rows, heads, dim, dtype)
+        with _kernel(triton_kernel):
+            (torch.ops.mla.merge_attn_states if via_op else merge_attn_states)(
+                o_parts, lse_parts, o, lse)
+        check_merge(o_parts, as_empty, o, lse, dtype)  # against the -inf input's float64 merge
+        results[name] = (o, lse)
+    first_o, first_lse = results["function"]
+    for name, (o, lse) in results.items():
+        torch.testing.assert_close(o, first_o, msg=lambda m: f"{name} vs function: {m}")
+        torch.testing.assert_close(lse, first_lse, msg=lambda m: f"{name} vs function: {m}")
+
+
+@pytest.mark.parametrize("P,rows,heads,dim,dtype,lses", [c[1:] for c in INF_CASES],
+                         ids=[c[0] for c in INF_CASES])
+def test_rescale_pos_inf_lse_is_an_empty_partial(device, P, rows, heads, dim, dtype, lses):
+    """Each partial's share with ``+inf`` LSEs is its share with ``-inf`` in their place (0 for
+    the partial itself, never NaN), on every path; the shares sum to the merge."""
+    o_parts, lse_parts, as_empty = _inf_parts(device, P, rows, heads, dim, dtype, lses)
+    merged, _ = merge_attn_states_ref(o_parts.double(), as_empty.double(), torch.float64)
+    for name, triton_kernel, via_op in _paths(device):
+        total = torch.zeros(rows, heads, dim, dtype=torch.float64, device=device)
+        for p in range(P):
+            ref_share, ref_lse = rescale_attn_partial_ref(o_parts[p].double(), as_empty.double(),
+                                                          p, torch.float64)
+            pt_share, pt_lse = rescale_attn_partial_ref(o_parts[p], lse_parts, p, dtype)
+            want_share, want_lse = rescale_attn_partial_ref(o_parts[p], as_empty, p, dtype)
+            assert torch.equal(pt_share, want_share) and torch.equal(pt_lse, want_lse), \
+                f"reference, partial {p}"
+            share = torch.full((rows, heads, dim), float("nan"), dtype=dtype, device=device)
+            lse = torch.full((rows, heads), float("nan"), device=device)
+            with _kernel(triton_kernel):
+                (torch.ops.mla.rescale_attn_partial if via_op else rescale_attn_partial)(
+                    o_parts[p], lse_parts, p, share, lse)
+            assert_fa_rule(f"{name}: share {p}", share, ref_share, pt_share, dtype)
+            assert_fa_rule(f"{name}: lse", lse, ref_lse, ref_lse.float(), torch.float32)
+            assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)) and (lse[torch.isinf(lse)]
+                                                                            < 0).all(), name
+            assert (share[torch.isinf(as_empty[p])] == 0).all(), f"{name}: empty partial {p}"
+            total += share.double()
+        tol = 4 * (1e-3 if dtype == torch.float16 else 1e-6)
+        torch.testing.assert_close(total, merged, atol=tol, rtol=tol,
+                                   msg=lambda m: f"{name}: shares summed: {m}")
 
 
 # --- bad input names the argument -----------------------------------------------------------

@@ -79,6 +79,13 @@ def test_shard_positions_maps_to_the_local_order():
         mine = cp_global_positions(n, world, rank, interleave)
         assert torch.equal(pos[owned], mine)
         assert torch.equal(local[owned], torch.arange(len(mine)))
+        # Elsewhere (what the docstring says): the rank's slot at the same offset of the round,
+        # the slot of another token, so a slot mapping must mask it with ``owned``.
+        span = world * interleave
+        same_offset = pos // span * span + rank * interleave + pos % interleave
+        its_owned, its_local = shard_positions(same_offset, world, rank, interleave)
+        assert its_owned.all() and torch.equal(local, its_local)
+        assert torch.equal(local, pos // span * interleave + pos % interleave)
 
 
 @triton.jit

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from builders import FLOOR, FP8, K, ToleranceError, decode_case, encoder_case
+from fa_tolerance import assert_fa_rule, resolution
 
 SMALL_SPLITS = {"BLOCK_N": 16, "SPLIT_ALIGN": 16, "MIN_SPLIT_LEN": 16}
 
@@ -93,6 +94,28 @@ def test_encoder_tolerance_sees_a_wrong_block(device):
     case.v.copy_(good_v)
     msg = _fails(lambda: case.assert_matches(o_bad), "sequence 1")
     assert "sequence 0" not in msg
+
+
+# The LSEs of rank 0 of test_parallel's w3-I5-fp16-a2a-triton (float64): rounded to fp16, all
+# four survive +0.3 -0.3 exactly, so flash-attention's noise draw for them is 0.
+RANK0_LSE = [1.9932238709523589, 1.0097588689454025, 4.216246947760894, 3.6885939420392972]
+
+
+def test_fa_rule_floor_is_an_ulp_of_the_outputs_dtype():
+    """The context-parallel rule's floor (fa_tolerance) is one ulp of the output's dtype at the
+    largest |ref|, deterministic: an fp32 LSE a rounding away from float64 passes when the
+    baseline is exact too; 20 ulps off fails."""
+    ref = torch.tensor(RANK0_LSE, dtype=torch.float64)
+    r16 = ref.half()
+    assert torch.equal(r16 + 0.3 - 0.3, r16), "the case where the noise draw is 0"
+    assert resolution(ref, torch.float32) == 2.0 ** -21  # the spacing of fp32 in [4, 8)
+    assert resolution(ref, torch.float16) == 2.0 ** -8
+    assert resolution(torch.tensor([float("-inf")], dtype=torch.float64), torch.float16) == 0.0
+    exact = ref.float()
+    one_ulp_off = torch.nextafter(exact, torch.full_like(exact, float("inf")))
+    assert_fa_rule("lse", one_ulp_off, ref, exact, torch.float16)
+    with pytest.raises(AssertionError, match="2 ulps of torch.float32"):
+        assert_fa_rule("lse", exact + 20 * 2.0 ** -21, ref, exact, torch.float16)
 
 
 @pytest.mark.gpu

@@ -5,14 +5,23 @@ A partial state of one (row, head) over a set of keys is its normalized output `
 natural-log ``lse_p``; over disjoint key sets they merge exactly into
 ``lse = log sum_p exp(lse_p)`` and ``o = sum_p exp(lse_p - lse) o_p``. A partial with
 ``lse_p = -inf`` saw no key: it weighs 0 and its ``o_p`` is never read (a rank that holds none of
-a row's keys may leave anything there). Every program handles one (row, head) and a block of
-``BLOCK_D`` columns, and runs the partials' LSEs through an online max / sum in fp32 like the
-verify kernel's stage 2, with ``-inf`` made safe: a block of partials that are all ``-inf`` must
-not turn ``exp(-inf - -inf)`` into NaN.
+a row's keys may leave anything there). ``lse_p = +inf`` means the same, as in vLLM's merge:
+FlashAttention-2 writes +inf for a row with no key (FA3 writes -inf), and a real LSE is never
+infinite, so every LSE is read through :func:`_empty_if_inf` before anything else sees it.
+Every program handles one (row, head) and a block of ``BLOCK_D`` columns, and runs the partials'
+LSEs through an online max / sum in fp32 like the verify kernel's stage 2, with ``-inf`` made
+safe: a block of partials that are all ``-inf`` must not turn ``exp(-inf - -inf)`` into NaN.
 """
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _empty_if_inf(lse):
+    """A partial's LSE as the merge reads it: ``+inf`` (FlashAttention-2's empty row) is ``-inf``,
+    a partial that saw no key; anything else unchanged."""
+    return tl.where(lse == float("inf"), float("-inf"), lse)
 
 
 @triton.jit
@@ -63,7 +72,8 @@ def _merge_attn_states(
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for p0 in range(0, num_parts, BLOCK_P):
         offs_p = p0 + tl.arange(0, BLOCK_P)
-        lse_p = tl.load(p_lse + offs_p * stride_lp_p, mask=offs_p < num_parts, other=float("-inf"))
+        lse_p = _empty_if_inf(tl.load(p_lse + offs_p * stride_lp_p, mask=offs_p < num_parts,
+                                      other=float("-inf")))
         m_i, m_safe, alpha, w, l_i = _lse_step(m_i, l_i, lse_p)
         # Partials that saw no key are not read at all: their o may be garbage (NaN).
         seen = lse_p > float("-inf")
@@ -119,11 +129,12 @@ def _rescale_attn_partial(
     l_i = 0.0
     for p0 in range(0, num_parts, BLOCK_P):
         offs_p = p0 + tl.arange(0, BLOCK_P)
-        lse_p = tl.load(p_lse + offs_p * stride_lp_p, mask=offs_p < num_parts, other=float("-inf"))
+        lse_p = _empty_if_inf(tl.load(p_lse + offs_p * stride_lp_p, mask=offs_p < num_parts,
+                                      other=float("-inf")))
         m_i, m_safe, alpha, w, l_i = _lse_step(m_i, l_i, lse_p)
     has_key = l_i > 0.0
     lse = tl.where(has_key, m_i + tl.log(tl.where(has_key, l_i, 1.0)), float("-inf"))
-    lse_own = tl.load(p_lse + part * stride_lp_p)
+    lse_own = _empty_if_inf(tl.load(p_lse + part * stride_lp_p))
     seen = lse_own > float("-inf")  # then has_key too, and lse is finite
     w_own = tl.where(seen, tl.exp(lse_own - tl.where(seen, lse, 0.0)), 0.0)
     # Not read at all where this partial saw no key (columns masked off by a zero bound).

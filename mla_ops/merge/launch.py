@@ -11,13 +11,16 @@ sets (e.g. the shards of a context-parallel KV cache):
 
 Both are exact in fp32 (the partials are read in their dtype and combined in fp32), write
 ``o = 0`` and ``lse = -inf`` for rows no partial saw, never read the o of a partial whose LSE
-is ``-inf`` and never produce NaN from ``-inf`` LSEs. Capture-safe: the checks read metadata
-only, nothing is allocated and nothing synchronises.
+is ``-inf`` and never produce NaN from ``-inf`` LSEs. An LSE of ``+inf`` is read as ``-inf``, an
+empty partial, as vLLM's merge reads it (FlashAttention-2 writes ``+inf`` for a row with no key,
+FA3 ``-inf``); the plain-PyTorch CPU kernels do the same. A NaN LSE is garbage in: checked mode
+refuses it. Capture-safe (checked mode off): the checks read metadata only, nothing is allocated
+and nothing synchronises.
 """
 
 from __future__ import annotations
 
-from .. import spec
+from .. import checked, spec
 from ..host import cdiv, device_guard, next_power_of_2, public_launcher
 from . import kernels
 
@@ -39,16 +42,19 @@ def merge_attn_states(o_parts, lse_parts, o, lse=None) -> None:
         o_parts: ``[P, rows, H, D]`` partial outputs (each normalized over its own keys),
             dtype of ``o`` or fp32; any strides, last dim contiguous. The partial of a
             context-parallel rank is ``o_parts[rank]``.
-        lse_parts: ``[P, rows, H]`` fp32 natural-log LSE of each partial, ``-inf`` where it saw
-            no key (its ``o_parts`` entries are then not read: they may hold anything).
+        lse_parts: ``[P, rows, H]`` fp32 natural-log LSE of each partial, ``-inf`` (or
+            ``+inf``, FlashAttention-2's marker) where it saw no key (its ``o_parts`` entries
+            are then not read: they may hold anything). Checked mode refuses NaN.
         o: ``[rows, H, D]`` fp16/bf16/fp32 — written: ``sum_p exp(lse_p - lse) * o_p``, and 0
-            where every partial is ``-inf``. Must not overlap the inputs.
+            where every partial is empty. Must not overlap the inputs.
         lse: ``[rows, H]`` fp32 or None — written (when given): ``log sum_p exp(lse_p)``,
-            ``-inf`` where every partial is ``-inf``.
+            ``-inf`` where every partial is empty (never ``+inf``).
 
     Computed in fp32; no synchronisation, no allocation (safe to capture in a CUDA graph).
     """
     num_parts, rows, heads, dim = _CHECK["merge_attn_states"](o_parts, lse_parts, o, lse)
+    if checked.enabled():
+        checked.validate_merge_attn_states(o_parts, lse_parts, o, lse)
     if rows == 0 or heads == 0 or dim == 0:
         return
     block_d = min(next_power_of_2(dim), _MAX_BLOCK_D)
@@ -78,8 +84,9 @@ def rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out=None) -> None:
 
     Args:
         o_part: ``[rows, H, D]`` fp16/bf16/fp32 this partial's output; last dim contiguous. Not
-            read where ``lse_parts[part]`` is ``-inf``.
-        lse_parts: ``[P, rows, H]`` fp32 every partial's LSE (``lse_parts[part]`` is this one's).
+            read where ``lse_parts[part]`` is ``-inf`` or ``+inf``.
+        lse_parts: ``[P, rows, H]`` fp32 every partial's LSE (``lse_parts[part]`` is this one's);
+            ``-inf`` or ``+inf``: an empty partial, as in :func:`merge_attn_states`.
         part: int, ``0 <= part < P`` (the rank). Not compiled in: all ranks share one binary.
         o_out: written: ``[rows, H, D]``, or ``[rows, C, H/C, D]`` (the heads in C chunks, each
             with its own stride: ``send.permute(1, 0, 2, 3)`` of a reduce-scatter input ``send
@@ -92,6 +99,8 @@ def rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out=None) -> None:
     """
     num_parts, rows, heads, dim = _CHECK["rescale_attn_partial"](o_part, lse_parts, part, o_out,
                                                                  lse_out)
+    if checked.enabled():
+        checked.validate_rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out)
     chunks = o_out.shape[1] if o_out.dim() == 4 else 1
     if rows == 0 or heads == 0 or dim == 0:
         return

@@ -1,0 +1,52 @@
+"""The suite's own machinery (conftest.py): the seeded test order."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from conftest import _order_seed, _shuffle
+
+
+def _items():
+    return [types.SimpleNamespace(nodeid=f"tests/test_{m}.py::test_{i}")
+            for m in "abcd" for i in range(5)]
+
+
+def _module(item):
+    return item.nodeid.split("::")[0]
+
+
+def test_shuffle_is_the_seeds_and_keeps_modules_together():
+    orders = {}
+    for seed in (1, 1, 2):
+        items = _items()
+        _shuffle(items, seed)
+        assert sorted(i.nodeid for i in items) == sorted(i.nodeid for i in _items())
+        modules = [_module(i) for i in items]
+        runs = [m for k, m in enumerate(modules) if k == 0 or modules[k - 1] != m]
+        assert len(runs) == len(set(runs)) == 4, "a module's tests are split"
+        orders.setdefault(seed, []).append([i.nodeid for i in items])
+    assert orders[1][0] == orders[1][1], "one seed, one order"
+    assert orders[1][0] != orders[2][0]
+    assert orders[1][0] != [i.nodeid for i in _items()]
+
+
+@pytest.mark.parametrize("option,env,want", [
+    (None, None, None), ("7", None, 7), (None, "8", 8), ("7", "8", 7), (None, "", None),
+], ids=["off", "option", "env", "option-over-env", "empty-env"])
+def test_order_seed_from_option_or_environment(monkeypatch, option, env, want):
+    config = types.SimpleNamespace(getoption=lambda name: option)
+    if env is None:
+        monkeypatch.delenv("MLA_OPS_TEST_SEED", raising=False)
+    else:
+        monkeypatch.setenv("MLA_OPS_TEST_SEED", env)
+    assert _order_seed(config) == want
+
+
+def test_order_seed_random_and_bad(monkeypatch):
+    monkeypatch.delenv("MLA_OPS_TEST_SEED", raising=False)
+    assert isinstance(_order_seed(types.SimpleNamespace(getoption=lambda name: "random")), int)
+    with pytest.raises(pytest.UsageError, match="expected an integer or 'random', got 'x'"):
+        _order_seed(types.SimpleNamespace(getoption=lambda name: "x"))
