@@ -82,6 +82,14 @@ def pytest_report_header(config):
     return [f"mla_ops: {mla_ops.library.EXTENSION_STATUS}", f"test order: {order}"]
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    """The seed again at the end, where ``pytest -q`` (no header) shows it too."""
+    seed = config.stash[_ORDER_SEED]
+    if seed is not None:
+        terminalreporter.write_line(f"test order shuffled by seed {seed} "
+                                    f"(replay: --random-order-seed={seed})")
+
+
 def _shuffle(items, seed):
     """Shuffle the modules, then the tests within each module, keeping a module's tests
     together (its module-scoped fixtures are set up once)."""
