@@ -58,8 +58,13 @@ def _in_fp32(launch: Callable, op: str, args: tuple, kwargs: dict) -> None:
 
     Triton's interpreter computes bf16 wrongly (it has no bf16 arithmetic: errors of 1e9); fp32
     inputs hold bf16 values exactly, so the result is the fp32 kernel's, rounded once."""
-    written = dict(zip(_op_args(op), _written(op)))
+    from .spec import python_checks
+
     names = _op_args(op)
+    # The arguments as given are checked first: fp32 copies could pass where bf16 may not
+    # (fp32 partials merge into an fp16 o; bf16 ones do not).
+    python_checks()[op](*args, **{k: v for k, v in kwargs.items() if k in names})
+    written = dict(zip(names, _written(op)))
     positional = dict(zip(names, args))
     wide = {k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 else v
             for k, v in {**positional, **kwargs}.items()}
