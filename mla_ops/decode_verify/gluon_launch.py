@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..fastpath import launch
 from ..gluon_support import descriptor, gl, load_kernels, sm90_reason
 from ..host import cdiv
 
@@ -207,7 +208,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     fp8 = k_buffer.dtype == torch.float8_e4m3fn
     kernel = _gk._verify_stage1_alt if (c["SCHEDULE"] == "alt" and not fp8) else _gk._verify_stage1_ws
     extra = {"QK_FIRST": bool(c["QK_FIRST"])} if kernel is _gk._verify_stage1_alt else {}
-    kernel[grid](
+    launch(kernel, grid,
         q_desc, k_desc, float(sm_scale) * _LOG2E, req_to_token, seq_lens,
         real_lens if has_real else seq_lens, mid_t, o, lse, k_scale,
         req_to_token.stride(0), *mid_strides, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),

@@ -21,6 +21,7 @@ except ImportError:
     TensorDescriptor = None
 
 from .. import checked, platform, spec
+from ..fastpath import launch, persistent, recorded
 from ..host import cdiv, device_guard, next_power_of_2, public_launcher
 from ..reference import FP8_DTYPES
 from . import kernels
@@ -56,7 +57,7 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
                 "k_scale: the default k_scale is created on first use and cannot be made during "
                 "a graph capture; run warmup_decode_attention_fwd_verify (or one eager call) "
                 "before capturing, or pass k_scale")
-        t = torch.ones((), dtype=torch.float32, device=device)
+        t = persistent(torch.ones((), dtype=torch.float32, device=device))
         _UNIT_SCALE[device] = t
     return t
 
@@ -193,6 +194,7 @@ def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor,
 
 
 @public_launcher("decode_verify", ".reference:decode_verify_op_ref")
+@recorded("decode_verify", tables=("decode_verify",))
 def decode_attention_fwd_verify(
     q,
     k_buffer,
@@ -314,7 +316,7 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     # compiled variant whatever the batch: the loop runs once when the work fits).
     persistent = cfg["PERSISTENT"] > 0
     grid = (min(programs, cfg["PERSISTENT"] * plat.sm_count) if persistent else programs,)
-    kernels._fwd_verify_stage1[grid](
+    launch(kernels._fwd_verify_stage1, grid,
         q, k_buffer, k_desc, kpe_desc, sm_scale * _LOG2E, req_to_token, seq_lens, real, mid, o, lse,
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
         *mid_strides,
@@ -354,7 +356,7 @@ def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strid
     block_dv = next_power_of_2(Lv)
     if cfg["S2_BLOCK_DV"]:
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
-    kernels._fwd_verify_stage2[(o.shape[0], num_heads, cdiv(Lv, block_dv))](
+    launch(kernels._fwd_verify_stage2, (o.shape[0], num_heads, cdiv(Lv, block_dv)),
         attn_logits, o, lse, seq_lens, real,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),

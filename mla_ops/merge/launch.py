@@ -21,6 +21,7 @@ and nothing synchronises.
 from __future__ import annotations
 
 from .. import checked, spec
+from ..fastpath import launch, recorded
 from ..host import cdiv, device_guard, next_power_of_2, public_launcher
 from . import kernels
 
@@ -35,6 +36,7 @@ _MAX_BLOCK_P = 16
 
 
 @public_launcher("merge_attn_states", ".reference:merge_attn_states_op_ref")
+@recorded("merge_attn_states")
 def merge_attn_states(o_parts, lse_parts, o, lse=None) -> None:
     """Merge P partial attention states of the same rows over disjoint key sets, exactly.
 
@@ -61,7 +63,7 @@ def merge_attn_states(o_parts, lse_parts, o, lse=None) -> None:
     block_p = min(next_power_of_2(num_parts), _MAX_BLOCK_P)
     lse_strides = lse.stride() if lse is not None else (0, 0)
     with device_guard(o.device):
-        kernels._merge_attn_states[(rows * heads, cdiv(dim, block_d))](
+        launch(kernels._merge_attn_states, (rows * heads, cdiv(dim, block_d)),
             o_parts, lse_parts, o, lse,
             num_parts, heads, dim,
             *o_parts.stride()[:3],
@@ -76,6 +78,7 @@ def merge_attn_states(o_parts, lse_parts, o, lse=None) -> None:
 
 
 @public_launcher("rescale_attn_partial", ".reference:rescale_attn_partial_op_ref")
+@recorded("rescale_attn_partial")
 def rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out=None) -> None:
     """Partial ``part``'s share of the merged attention state: ``o_out = exp(lse_part - lse) *
     o_part`` with ``lse = log sum_p exp(lse_parts[p])``, so that ``sum_p o_out_p`` over the
@@ -112,7 +115,7 @@ def rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out=None) -> None:
     block_p = min(next_power_of_2(num_parts), _MAX_BLOCK_P)
     lse_strides = lse_out.stride() if lse_out is not None else (0, 0)
     with device_guard(o_part.device):
-        kernels._rescale_attn_partial[(rows * heads, cdiv(dim, block_d))](
+        launch(kernels._rescale_attn_partial, (rows * heads, cdiv(dim, block_d)),
             o_part, lse_parts, o_out, lse_out,
             part, num_parts, heads, dim, heads // chunks,
             *o_part.stride()[:2],

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..fastpath import launch
 from ..gluon_support import descriptor, gl, load_kernels, sm90_reason
 from ..host import cdiv
 
@@ -174,7 +175,7 @@ def launch_prefill_gluon(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_c
     else:
         qt_desc, kt_desc, vt_desc = q_desc, k_desc, v_desc
     grid = (cdiv(max_input_len, c["BLOCK_M"]), hq, batch)
-    _gk.prefill_fwd_ws[grid](
+    launch(_gk.prefill_fwd_ws, grid,
         q_desc, qt_desc, k_desc, kt_desc, v_desc, vt_desc, o,
         sinks if sinks is not None else o, b_start_loc, b_seq_len, float(qk_scale),
         o.stride(0), o.stride(1), hq // k.shape[1],

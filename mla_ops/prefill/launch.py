@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import triton
 
-from .. import checked, spec, tuning
+from .. import checked, fastpath, spec, tuning
 from ..host import cdiv, device_guard, next_power_of_2, public_launcher
 from ..platform import current
 from .configs import select_prefill_config
@@ -197,12 +197,13 @@ def run_launch(launch: Launch) -> None:
     with device_guard(q.device):
         if launch.kwargs["USE_TMA"]:
             _ensure_allocator()
-        context_attention_kernel[launch.grid](**launch.kwargs)
+        fastpath.launch(context_attention_kernel, launch.grid, **launch.kwargs)
         if launch.out is not None:
             launch.out.copy_(launch.kwargs["O"])
 
 
 @public_launcher("context_attention", ".reference:context_attention_op_ref")
+@fastpath.recorded("context_attention", tables=("prefill",))
 def context_attention_fwd(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=True,
                           softmax_scale=None, sliding_window_q=None, sliding_window_k=None,
                           sinks=None, *, config: dict[str, Any] | None = None) -> None:

@@ -1,0 +1,280 @@
+"""Eager launches at the cost of a launch: a public call is recorded once through the full
+Python path (checks, config selection, Triton's JIT dispatch) and replayed afterwards.
+
+A public launcher decorated with :func:`recorded` keys each call on everything that can change
+what runs, other than the contents of its tensors and the addresses that Triton does not
+specialize on (the *geometry*): for every argument its value, or for a tensor its dtype,
+shape, strides, device, storage offset and address modulo 64, and which arguments are the same
+tensor; plus the launch tables' generation and the platform in force. A key seen before
+replays the launches the first call made — the same compiled kernels (Triton's
+``CompiledKernel`` objects, returned by its own dispatch), grids and scalar arguments — with
+the call's tensors in their places, through the kernel's own launcher. A key not seen runs the
+whole path, which records it.
+
+Why a replay is the launch the full path would make: the argument checks, the config the
+table selects, the support checks of the Gluon families, the grid and every integer argument
+(strides, sizes, counts) are functions of the geometry; Triton's specialization key is a
+function of the integer arguments, the dtypes and the pointers' alignment to 16 bytes, all in
+the geometry. Tensors made inside a launcher (a scratch copy) cannot be replayed: such a call
+is never recorded and always takes the full path. Data-dependent work is never skipped:
+checked mode (which reads the data) turns replays off.
+
+Replays run only where they were checked on a GPU (CUDA, :data:`CHECKED_TRITON`), without
+Triton's launch hooks (a profiler's), and not when ``MLA_OPS_TRITON_DISPATCH=1`` asks for the
+full path on every call (an A/B, or a suspicion). :func:`status` says which and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from typing import Any, Callable
+
+import torch
+import triton
+
+__all__ = ["CHECKED_TRITON", "ENV_OFF", "launch", "recorded", "status", "clear", "persistent"]
+
+CHECKED_TRITON = ("3.6",)  # the launcher ABI the replay uses was checked on the H200 with these
+ENV_OFF = "MLA_OPS_TRITON_DISPATCH"
+
+_MAX_RECORDS = 4096  # a bound on distinct geometries (a cross-layer cache: one per layer view)
+_RECORDS: dict[tuple, "_Record | None"] = {}
+_PERSISTENT: dict[int, torch.Tensor] = {}  # id -> tensor: launcher-owned, never freed
+_local = threading.local()
+_generation = [0]
+_REPLAY_DEVICES = ("cuda",)  # device types replayed (the tests' fake dispatch adds "cpu")
+
+
+def clear() -> None:
+    """Forget every recorded call (the launch tables changed: the same geometry may now run
+    another config)."""
+    _generation[0] += 1
+    _RECORDS.clear()
+
+
+def persistent(t: torch.Tensor) -> torch.Tensor:
+    """Mark a tensor that a launcher made once and keeps (a default scale per device): a replay
+    may pass it again. Returns ``t``."""
+    _PERSISTENT[id(t)] = t
+    return t
+
+
+@functools.lru_cache(maxsize=1)
+def _static_reason() -> str | None:
+    minor = ".".join(triton.__version__.split(".")[:2])
+    if minor not in CHECKED_TRITON:
+        return (f"triton {triton.__version__}: replays were checked on a GPU with triton "
+                f"{', '.join(CHECKED_TRITON)} only")
+    if torch.version.hip is not None:
+        return "HIP: replays were checked on CUDA only"
+    return None
+
+
+def status() -> str | None:
+    """None when calls are replayed here, else why every call takes the full Python path."""
+    if os.environ.get(ENV_OFF, "0") not in ("", "0"):
+        return f"{ENV_OFF} is set"
+    why = _static_reason()
+    if why is not None:
+        return why
+    from triton import knobs
+
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):  # triton 3.6: a HookChain
+            return "triton launch hooks are set (a profiler's)"
+    return None
+
+
+# --- recording ---------------------------------------------------------------------------------
+
+
+def launch(fn, grid: tuple, *args, **kwargs) -> None:
+    """``fn[grid](*args, **kwargs)``, and its record when a call is being recorded. Every
+    launcher launches through this."""
+    kernel = fn[grid](*args, **kwargs)
+    calls = getattr(_local, "calls", None)
+    if calls is not None:
+        calls.append((fn, kernel, grid, args, kwargs))
+
+
+@contextlib.contextmanager
+def _recording():
+    _local.calls = calls = []
+    try:
+        yield calls
+    finally:
+        _local.calls = None
+
+
+def _fact(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.shape, v.stride(), v.device, v.storage_offset() & 63,
+                v.data_ptr() & 63)
+    if isinstance(v, (list, tuple)):
+        return tuple(_fact(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _fact(x)) for k, x in v.items()))
+    return (type(v), v)  # 1 and True and 1.0 are different arguments
+
+
+def _key(op: str, values: tuple, plat) -> tuple:
+    """The geometry of a call (module docstring)."""
+    first: dict[int, int] = {}
+    aliases = tuple(first.setdefault(id(v), i) for i, v in enumerate(values)
+                    if isinstance(v, torch.Tensor))
+    return (op, _generation[0], plat, aliases, *map(_fact, values))
+
+
+class _Unrecordable(Exception):
+    pass
+
+
+def _slot(value: Any, names: dict[int, int]) -> tuple:
+    """How a replay finds a recorded launch argument: a call argument (by position), a TMA
+    descriptor over one, or a constant."""
+    if isinstance(value, torch.Tensor):
+        if id(value) in names:
+            return ("arg", names[id(value)])
+        if id(value) in _PERSISTENT:
+            return ("const", value)
+        raise _Unrecordable("a tensor made inside the launcher")
+    base = getattr(value, "base", None)
+    if isinstance(base, torch.Tensor) and hasattr(value, "block_shape"):
+        if id(base) not in names:
+            raise _Unrecordable("a descriptor over a tensor made inside the launcher")
+        return ("desc", names[id(base)], list(value.shape), list(value.strides),
+                getattr(value, "padding", "zero"))
+    return ("const", value)
+
+
+class _Descriptor:
+    """What Triton's launcher reads of a host TMA descriptor argument (its base's address,
+    shape, strides and padding; the box and layout are the compiled kernel's): the recorded
+    descriptor over the call's tensor, without rebuilding and re-validating it."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base, shape, strides, padding):
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, padding
+
+
+class _Launch:
+    __slots__ = ("kernel", "grid", "slots")
+
+    def __init__(self, fn, kernel, grid, args, kwargs, names):
+        if kernel is None or not hasattr(kernel, "packed_metadata"):
+            raise _Unrecordable("the dispatch returned no compiled kernel")
+        self.kernel, self.grid = kernel, tuple(grid) + (1,) * (3 - len(grid))
+        params = fn.params
+        full = []
+        for i, p in enumerate(params):
+            if i < len(args):
+                full.append(args[i])
+            elif p.name in kwargs:
+                full.append(kwargs[p.name])
+            else:
+                full.append(p.default)
+        self.slots = [_slot(v, names) for v in full]
+
+
+class _Record:
+    __slots__ = ("launches", "device", "tables")
+
+    def __init__(self, calls, values: tuple, device: torch.device, tables: tuple):
+        self.tables = tables  # the launch tables it was selected from (by identity)
+        names = {}
+        for i, v in enumerate(values):
+            if isinstance(v, torch.Tensor):
+                names.setdefault(id(v), i)
+        self.launches = [_Launch(fn, k, g, a, kw, names) for fn, k, g, a, kw in calls]
+        self.device = device
+
+    def replay(self, values: tuple) -> None:
+        guard, stream = _device_and_stream(self.device)
+        with guard:
+            for ln in self.launches:
+                args = [_fill(s, values) for s in ln.slots]
+                k = ln.kernel
+                k.run(*ln.grid, stream, k.function, k.packed_metadata, None, None, None, *args)
+
+
+def _device_and_stream(device: torch.device):
+    """(a context that makes ``device`` current if it is not, its current raw stream)."""
+    index, current = device.index, torch.cuda.current_device()
+    if index is None:
+        index = current
+    guard = torch.cuda.device(index) if index != current else contextlib.nullcontext()
+    return guard, torch._C._cuda_getCurrentRawStream(index)
+
+
+def _fill(slot: tuple, values: tuple) -> Any:
+    kind = slot[0]
+    if kind == "const":
+        return slot[1]
+    if kind == "arg":
+        return values[slot[1]]
+    _, i, shape, strides, padding = slot
+    return _Descriptor(values[i], shape, strides, padding)
+
+
+def _same_tables(recorded_from: tuple, in_force: tuple) -> bool:
+    return all(a is b for a, b in zip(recorded_from, in_force))
+
+
+def _device_of(values: tuple) -> torch.device | None:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return None
+
+
+def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorate the public launcher of ``mla::<op>`` (positional arguments in the op's order,
+    keyword-only knobs after), whose configs come from the launch ``tables`` of these kernels:
+    replay a recorded call of the same geometry, else run and record it (module docstring)."""
+    from . import platform, tuning
+    from .host import _op_args
+
+    def wrap(launcher: Callable) -> Callable:
+        @functools.wraps(launcher)
+        def call(*args, **kwargs):
+            device = _device_of(args)
+            if device is None or device.type not in _REPLAY_DEVICES or status() is not None:
+                return launcher(*args, **kwargs)
+            from . import checked
+
+            if checked.enabled():
+                return launcher(*args, **kwargs)
+            names = _op_args(op)
+            values = (*args, *(kwargs.get(n, _MISSING) for n in names[len(args):]),
+                      kwargs.get("config"))
+            plat = platform.current()
+            key = _key(op, values, plat)
+            in_force = tuple(tuning.table(name, plat.arch) for name in tables)
+            record = _RECORDS.get(key, _MISSING)
+            if record is not _MISSING and record is not None:
+                if _same_tables(record.tables, in_force):
+                    record.replay(values)
+                    return None
+                record = _MISSING  # a table was reloaded since: select again
+            with _recording() as calls:
+                out = launcher(*args, **kwargs)
+            if record is _MISSING:
+                if len(_RECORDS) >= _MAX_RECORDS:
+                    _RECORDS.clear()
+                try:
+                    _RECORDS[key] = _Record(calls, values, device, in_force)
+                except _Unrecordable:
+                    _RECORDS[key] = None  # this geometry always takes the full path
+            return out
+
+        call.full_path = launcher  # the unrecorded launcher (tests, A/B)
+        return call
+
+    return wrap
+
+
+_MISSING = object()

@@ -1,0 +1,313 @@
+"""mla_ops.fastpath: a replayed call launches exactly what the full path (checks, tables,
+Triton's JIT dispatch) launches for the same call — the same compiled kernel, grid and
+arguments — over random shapes, strides, alignments, dtypes, page sizes, split counts and
+argument aliasing; and dropping any field of the replay's key (one mutant per field) makes
+that fail.
+
+On a CPU machine Triton cannot compile for a GPU, so the dispatch is Triton's own binder (its
+``specialize_impl`` of every argument, for an sm_90 target) in front of a kernel cache keyed as
+Triton keys it: a fake compiled kernel per key, whose launches are logged. On a GPU the real
+dispatch compiles and launches (the GPU test at the end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+import torch
+
+import mla_ops
+from mla_ops import fastpath
+from mla_ops.merge.launch import merge_attn_states
+from mla_ops.platform import mock_platform
+
+from builders import SM_SCALE, decode_case
+
+_LOG: list = []
+
+
+class _FakeKernel:
+    """Stands in for a ``CompiledKernel``: one per Triton cache key; logs its launches."""
+
+    def __init__(self, key):
+        self.key, self.function, self.packed_metadata = key, object(), object()
+
+    def run(self, g0, g1, g2, stream, function, packed, meta, enter, exit_, *args):
+        assert function is self.function and packed is self.packed_metadata
+        _LOG.append((self, (g0, g1, g2), args))
+
+
+@contextlib.contextmanager
+def fake_dispatch():
+    """Triton's dispatch for an sm_90 target without a GPU (module docstring); replays of CPU
+    tensors allowed, with a null stream. Needs a process without TRITON_INTERPRET (where the
+    kernels are JIT functions, not the interpreter's)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    binders, kernels = {}, {}
+
+    def run(self, *args, grid, warmup, **kwargs):
+        binder = binders.get(id(self))
+        if binder is None:
+            binder = binders[id(self)] = create_function_from_signature(self.signature,
+                                                                        self.params, backend)
+        bound, specialization, options = binder(*args, **kwargs)
+        key = (id(self), tuple(specialization), str(sorted(options.items())))
+        kernel = kernels.setdefault(key, _FakeKernel(key))
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        kernel.run(*grid, 0, kernel.function, kernel.packed_metadata, None, None, None,
+                   *bound.values())
+        return kernel
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(JITFunction, "run", run)
+    mp.setattr(fastpath, "_REPLAY_DEVICES", ("cuda", "cpu"))
+    mp.setattr(fastpath, "_device_and_stream", lambda d: (contextlib.nullcontext(), 0))
+    mp.setattr(fastpath, "status", lambda: None)
+    fastpath.clear()
+    try:
+        with mock_platform("sm_90", interpret=False):
+            yield mp
+    finally:
+        mp.undo()
+        fastpath.clear()
+
+
+def _same_launches(fast, full) -> None:
+    assert len(fast) == len(full), (len(fast), len(full))
+    for (k1, g1, a1), (k2, g2, a2) in zip(fast, full):
+        assert k1 is k2, f"another compiled kernel: {k1.key[1:]} vs {k2.key[1:]}"
+        assert g1 == g2, (g1, g2)
+        assert len(a1) == len(a2)
+        for x, y in zip(a1, a2):
+            if isinstance(y, torch.Tensor):
+                assert x is y
+            elif hasattr(y, "block_shape"):  # a TMA descriptor: same base, shape, strides
+                assert x.base is y.base and list(x.shape) == list(y.shape)
+                assert list(x.strides) == list(y.strides)
+            else:
+                assert type(x) is type(y) and x == y, (x, y)
+
+
+def _decode_call(rng: random.Random, twin: str | None = None):
+    """Random decode-verify arguments, as a recipe for fresh calls of one geometry; ``twin``
+    changes one field of the same draw (what the key must tell apart): ``dtype``, ``strides``
+    (q a view of a wider tensor), ``alignment`` (q one element off 16 bytes), ``shape`` (one
+    more request), ``values`` (another softmax scale), ``aliasing`` (seq_lens passed as
+    real_seq_lens)."""
+    qlen, heads = rng.choice([1, 2, 3]), rng.choice([4, 16])
+    batch = rng.choice([1, 2, 3]) + (twin == "shape")
+    page = rng.choice([1, 16, 32])
+    dtype = rng.choice([torch.float16, torch.float32])
+    if twin == "dtype":
+        dtype = torch.float32 if dtype == torch.float16 else torch.float16
+    lens = [rng.randint(qlen, 80) for _ in range(batch)]
+    q_strided = (rng.random() < 0.3) != (twin == "strides")
+    kw = dict(batch=batch, heads=heads, qlen=qlen, lens=lens, page=page, dtype=dtype,
+              layout=rng.choice(["4d", "3d", "cross"]), q_strided=q_strided,
+              real=[max(0, n - 1) for n in lens] if rng.random() < 0.5 or twin == "aliasing" else None)
+    splits = rng.choice([1, 2, 3])
+    misalign = (rng.random() < 0.3) != (twin == "alignment")
+    alias_real = (rng.random() < 0.5) != (twin == "aliasing") if kw["real"] is not None else False
+    scale = rng.choice([SM_SCALE, 0.125]) if twin != "values" else 0.25
+
+    def make():
+        case = decode_case("cpu", **kw, sm_scale=scale)
+        args = case.op_args(splits)
+        if misalign:
+            q = args["q"]
+            wide = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
+            wide.copy_(q)
+            args["q"] = wide
+        if alias_real:
+            args["real_seq_lens"] = args["seq_lens"]
+        return tuple(args.values())
+
+    return make
+
+
+TWINS = ("dtype", "strides", "alignment", "shape", "values", "aliasing")
+
+
+def _merge_call(rng: random.Random, twin: str | None = None):
+    P, rows, heads, dim = rng.choice([1, 2, 3]), rng.choice([1, 4]), rng.choice([1, 2]), rng.choice([16, 40])
+    dtype = rng.choice([torch.float16, torch.float32])
+    with_lse = rng.random() < 0.5
+
+    def make():
+        o_parts = torch.randn(P, rows, heads, dim).to(dtype)
+        lse_parts = torch.randn(P, rows, heads)
+        o = torch.full((rows, heads, dim), float("nan"), dtype=dtype)
+        return (o_parts, lse_parts, o, torch.empty(rows, heads) if with_lse else None)
+
+    return make
+
+
+CALLS = {"decode_verify": (mla_ops.decode_attention_fwd_verify, _decode_call),
+         "merge_attn_states": (merge_attn_states, _merge_call)}
+
+
+def _check_replays(op: str, n: int, seed: int) -> int:
+    """``n`` random geometries, each called three times with fresh tensors (the first records,
+    the others replay), each call's launches compared with the full path's for the same
+    arguments. Returns the number of replays compared."""
+    public, recipe = CALLS[op]
+    recorded = public.__wrapped__  # below the CPU routing: the replaying launcher
+    makes = []
+    for i in range(n):  # each draw, and its twins differing in one field each
+        for twin in (None, *TWINS):
+            makes.append(recipe(random.Random(seed * 1000 + i), twin))
+    rng = random.Random(seed)
+    replays = 0
+    for rnd in range(3):
+        for make in makes if rnd == 0 else rng.sample(makes, len(makes)):
+            args = make()
+            before = len(fastpath._RECORDS)
+            _LOG.clear()
+            recorded(*args)
+            fast = list(_LOG)
+            _LOG.clear()
+            recorded.full_path(*args)
+            _same_launches(fast, list(_LOG))
+            replays += len(fastpath._RECORDS) == before
+    return replays
+
+
+# Each mutant drops one field of the replay key; the same check must then fail.
+def _fact_without(field):
+    def fact(v):
+        full = _REAL_FACT(v)
+        if isinstance(v, torch.Tensor):
+            keep = {"dtype": (1, 2, 3, 4, 5), "shape": (0, 2, 3, 4, 5), "strides": (0, 1, 3, 4, 5),
+                    "alignment": (0, 1, 2, 3)}[field] if field != "values" else range(6)
+            return tuple(full[i] for i in keep)
+        if field == "values" and isinstance(v, (int, float)) and not isinstance(v, bool):
+            # (an int's or float's type stays: only its value is dropped)
+            return type(v)
+        return full
+    return fact
+
+
+_REAL_FACT = fastpath._fact
+KEY_MUTANTS = {
+    "dtype": ("_fact", _fact_without("dtype")),
+    "shape": ("_fact", _fact_without("shape")),
+    "strides": ("_fact", _fact_without("strides")),
+    "alignment": ("_fact", _fact_without("alignment")),
+    "values": ("_fact", _fact_without("values")),
+    "aliasing": ("_key", lambda op, values, plat: (op, fastpath._generation[0], plat,
+                                                   *map(fastpath._fact, values))),
+    "platform": ("_key", lambda op, values, plat: _REAL_KEY(op, values, None)),
+    "table identity": ("_same_tables", lambda recorded_from, in_force: True),
+}
+_REAL_KEY = fastpath._key
+
+
+def _compare(recorded, args) -> None:
+    _LOG.clear()
+    recorded(*args)
+    fast = list(_LOG)
+    _LOG.clear()
+    recorded.full_path(*args)
+    _same_launches(fast, list(_LOG))
+
+
+def _platform_check() -> None:
+    """The platform in force is in the key: another arch, or the same arch with another SM
+    count (the persistent grid of the portable kernel at M3's shape), selects again."""
+    recorded = mla_ops.decode_attention_fwd_verify.__wrapped__
+    make = _decode_call(random.Random(3))
+    m3 = decode_case("cpu", batch=128, heads=16, qlen=4, lens=[8] * 128, page=64,
+                     dtype=torch.float16)
+    for arch, sms in (("sm_90", 132), ("sm_80", 108), ("gfx942", 304), ("sm_90", 132),
+                      ("sm_90", 8), ("sm_90", 132)):
+        with mock_platform(arch, sm_count=sms, interpret=False):
+            _compare(recorded, make())
+            _compare(recorded, tuple(m3.op_args(1).values()))
+
+
+def _table_check() -> None:
+    """A replay checks the tables it was selected from: a table reloaded under the same
+    platform (another BLOCK_N) selects again."""
+    from mla_ops import tuning
+
+    recorded = mla_ops.decode_attention_fwd_verify.__wrapped__
+    make = _decode_call(random.Random(4))
+    kernel = tuning.KERNELS["decode_verify"]
+    try:
+        with mock_platform("fastpath-test", sm_count=132, is_hip=False, interpret=False):
+            for block_n in (16, 32, 16):
+                kernel.builtin["fastpath-test"] = {"arch": "fastpath-test", "rules": [
+                    {"config": {"BLOCK_N": block_n, "BLOCK_H": 16}}]}
+                tuning.table.cache_clear()
+                _compare(recorded, make())
+    finally:
+        kernel.builtin.pop("fastpath-test", None)
+        tuning.table.cache_clear()
+
+
+def _main() -> None:  # in a subprocess without TRITON_INTERPRET (see results)
+    import json
+    import sys
+
+    out = {}
+    with fake_dispatch():
+        for op in sorted(CALLS):
+            out[op] = _check_replays(op, 12, seed=1)
+        _platform_check()
+        _table_check()
+        out["tables"] = "same launches"
+    for mutant, (name, replacement) in sorted(KEY_MUTANTS.items()):
+        with fake_dispatch() as mp:
+            mp.setattr(fastpath, name, replacement)
+            try:
+                if mutant == "platform":
+                    _platform_check()
+                elif mutant == "table identity":
+                    _table_check()
+                else:
+                    _check_replays("decode_verify", 12, seed=1)
+                out[mutant] = "survived"
+            except AssertionError as e:
+                out[mutant] = f"killed: {(str(e).splitlines() or [repr(e)])[0][:120]}"
+    sys.stdout.write("[" + json.dumps(out) + "]\n")
+
+
+@pytest.fixture(scope="module")
+def results():
+    if torch.cuda.is_available():
+        pytest.skip("the fake dispatch stands in for a GPU")
+    from gluon_offline import run_in_subprocess
+
+    return run_in_subprocess("tests.test_fastpath", "_main", 600)[0][0]
+
+
+@pytest.mark.parametrize("op", sorted(CALLS))
+def test_a_replay_launches_what_the_full_path_launches(op, results):
+    assert results[op] >= 12 * (1 + len(TWINS)), "replays were not exercised"  # (a mismatch raises in _main)
+
+
+def test_a_reloaded_table_or_another_platform_selects_again(results):
+    assert results["tables"] == "same launches"
+
+
+@pytest.mark.parametrize("mutant", sorted(KEY_MUTANTS))
+def test_every_key_field_is_needed(mutant, results):
+    assert results[mutant].startswith("killed"), f"dropping {mutant} from the key survived"
+
+
+def test_replays_are_off_where_unchecked(monkeypatch):
+    monkeypatch.setenv(fastpath.ENV_OFF, "1")
+    assert fastpath.status() == f"{fastpath.ENV_OFF} is set"
+    monkeypatch.delenv(fastpath.ENV_OFF)
+    fastpath._static_reason.cache_clear()
+    monkeypatch.setattr(fastpath.triton, "__version__", "3.9.0")
+    try:
+        assert "3.9.0" in fastpath.status()
+    finally:
+        fastpath._static_reason.cache_clear()
