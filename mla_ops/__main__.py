@@ -213,6 +213,11 @@ def main(argv=None) -> int:
                                               if device == "cuda" else "no CUDA GPU")
     print(f"sm_90 Gluon kernels: {'used where the tables choose them' if why is None else why}"
           f"{'' if why is None else ' -> the portable Triton kernels run'}")
+    from mla_ops import fastpath
+
+    why_full = fastpath.status() if device == "cuda" else "CPU tensors (no launch to replay)"
+    print("eager launches: " + ("replayed after the first call of each geometry (mla_ops.fastpath)"
+                                if why_full is None else f"the full Python path on every call: {why_full}"))
     unchecked = tuning.unchecked_workarounds()
     if unchecked:
         print(f"compiler workarounds kept on, not yet re-checked on this triton: "

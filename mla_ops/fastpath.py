@@ -35,7 +35,8 @@ from typing import Any, Callable
 import torch
 import triton
 
-__all__ = ["CHECKED_TRITON", "ENV_OFF", "launch", "recorded", "status", "clear", "persistent"]
+__all__ = ["CHECKED_TRITON", "ENV_OFF", "launch", "recorded", "record_of", "status", "clear",
+           "persistent"]
 
 CHECKED_TRITON = ("3.6",)  # the launcher ABI the replay uses was checked on the H200 with these
 ENV_OFF = "MLA_OPS_TRITON_DISPATCH"
@@ -45,7 +46,8 @@ _RECORDS: dict[tuple, "_Record | None"] = {}
 _PERSISTENT: dict[int, torch.Tensor] = {}  # id -> tensor: launcher-owned, never freed
 _local = threading.local()
 _generation = [0]
-_REPLAY_DEVICES = ("cuda",)  # device types replayed (the tests' fake dispatch adds "cpu")
+_REPLAY_DEVICES = ("cuda",)
+_MISSING = object()  # an argument the call left to its default  # device types replayed (the tests' fake dispatch adds "cpu")
 
 
 def clear() -> None:
@@ -231,12 +233,26 @@ def _device_of(values: tuple) -> torch.device | None:
     return None
 
 
+def _values(op: str, args: tuple, kwargs: dict) -> tuple:
+    """A call's arguments in the op's order (absent ones as a marker), then its ``config=``."""
+    from .host import _op_args
+
+    names = _op_args(op)
+    return (*args, *(kwargs.get(n, _MISSING) for n in names[len(args):]), kwargs.get("config"))
+
+
+def record_of(op: str, *args, **kwargs) -> "_Record | None":
+    """The record a call with these arguments would replay, or None (tests)."""
+    from . import platform
+
+    return _RECORDS.get(_key(op, _values(op, args, kwargs), platform.current()))
+
+
 def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     """Decorate the public launcher of ``mla::<op>`` (positional arguments in the op's order,
     keyword-only knobs after), whose configs come from the launch ``tables`` of these kernels:
     replay a recorded call of the same geometry, else run and record it (module docstring)."""
     from . import platform, tuning
-    from .host import _op_args
 
     def wrap(launcher: Callable) -> Callable:
         @functools.wraps(launcher)
@@ -248,9 +264,7 @@ def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Call
 
             if checked.enabled():
                 return launcher(*args, **kwargs)
-            names = _op_args(op)
-            values = (*args, *(kwargs.get(n, _MISSING) for n in names[len(args):]),
-                      kwargs.get("config"))
+            values = _values(op, args, kwargs)
             plat = platform.current()
             key = _key(op, values, plat)
             in_force = tuple(tuning.table(name, plat.arch) for name in tables)
@@ -276,5 +290,3 @@ def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Call
 
     return wrap
 
-
-_MISSING = object()

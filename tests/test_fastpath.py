@@ -311,3 +311,105 @@ def test_replays_are_off_where_unchecked(monkeypatch):
         assert "3.9.0" in fastpath.status()
     finally:
         fastpath._static_reason.cache_clear()
+
+
+# --- on the GPU: the real dispatch ------------------------------------------------------------------
+
+
+def _gpu_check(op: str, public, args: tuple, outputs: tuple, config=None) -> None:
+    """Record, replay, then the full path on the same arguments: the replay launched the
+    compiled kernels Triton's dispatch returns for this call, and wrote the same bits."""
+    kw = {"config": config} if config else {}
+    recorded = public.__wrapped__
+    recorded(*args, **kw)
+    for t in outputs:
+        t.fill_(float("nan"))
+    recorded(*args, **kw)  # a replay
+    got = [t.clone() for t in outputs]
+    record = fastpath.record_of(op, *args, **kw)
+    assert record is not None, "the call was not recorded"
+    for t in outputs:
+        t.fill_(float("nan"))
+    with fastpath._recording() as calls:
+        recorded.full_path(*args, **kw)
+    assert [ln.kernel for ln in record.launches] == [k for _, k, *_ in calls]
+    for a, b in zip(got, outputs):
+        assert torch.equal(a, b), "a replay wrote other bits than the full path"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(fastpath.status() is not None and torch.cuda.is_available(),
+                    reason=f"replays are off here: {fastpath.status()}")
+@pytest.mark.parametrize("family", [None, "triton", "gluon"], ids=["table", "triton", "gluon"])
+def test_gpu_a_replay_runs_tritons_kernel_bitwise(family):
+    """Random geometries on the H200 (both families, page sizes 1-64, bf16 and fp8 caches,
+    misaligned and strided q, one split and several)."""
+    from mla_ops.decode_verify.gluon_launch import gluon_unsupported_shape
+
+    rng = random.Random(7)
+    for i in range(24):
+        kw = dict(batch=rng.choice([1, 3, 8]), heads=rng.choice([16, 128]), qlen=rng.choice([1, 2, 4]),
+                  page=rng.choice([1, 16, 64]), Lv=512, rope=64, dtype=torch.bfloat16,
+                  cache_dtype=rng.choice([None, None, torch.float8_e4m3fn]),
+                  q_strided=rng.random() < 0.3, layout=rng.choice(["4d", "3d", "cross"]))
+        kw["lens"] = [rng.randint(kw["qlen"], 3000) for _ in range(kw["batch"])]
+        if family == "gluon" and gluon_unsupported_shape(
+                torch.device("cuda"), torch.bfloat16, kw["cache_dtype"] or torch.bfloat16,
+                kw["heads"], 576, 512, kw["page"]) is not None:
+            kw["page"] = 64
+        case = decode_case("cuda", **kw)
+        splits = rng.choice([1, 2, 5])
+        args = case.op_args(splits)
+        _gpu_check("decode_verify", mla_ops.decode_attention_fwd_verify, tuple(args.values()),
+                   (args["o"], args["lse"]), config={"family": family} if family else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(fastpath.status() is not None and torch.cuda.is_available(),
+                    reason=f"replays are off here: {fastpath.status()}")
+def test_gpu_encoder_and_merge_replays_bitwise():
+    from builders import encoder_case
+
+    for d, causal in ((72, False), (80, True), (64, False), (128, False)):
+        case = encoder_case("cuda", lens=[700, 33, 1200], hq=16, hkv=16, d=d, dtype=torch.bfloat16)
+        args = case.op_args(is_causal=causal)
+        _gpu_check("context_attention", mla_ops.context_attention_fwd, tuple(args.values()),
+                   (args["o"],))
+    o_parts = torch.randn(3, 64, 16, 512, device="cuda", dtype=torch.bfloat16)
+    lse_parts = torch.randn(3, 64, 16, device="cuda")
+    o, lse = torch.empty(64, 16, 512, device="cuda", dtype=torch.bfloat16), torch.empty(64, 16, device="cuda")
+    _gpu_check("merge_attn_states", merge_attn_states, (o_parts, lse_parts, o, lse), (o, lse))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(fastpath.status() is not None and torch.cuda.is_available(),
+                    reason=f"replays are off here: {fastpath.status()}")
+def test_gpu_replays_captured_in_a_graph():
+    """Recorded eagerly, replayed inside a capture: the graph holds the replayed launches and a
+    replay of the graph reads new contents."""
+    case = decode_case("cuda", batch=8, heads=16, qlen=2, lens=[2000] * 8, page=64, Lv=512,
+                       rope=64, dtype=torch.bfloat16)
+    args = case.op_args(4)
+    mla_ops.decode_attention_fwd_verify(**args)  # records
+    before = len(fastpath._RECORDS)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        mla_ops.decode_attention_fwd_verify(**args)
+    assert len(fastpath._RECORDS) == before
+    assert args["q"] is case.q  # new contents, read by the reference too
+    case.q.copy_(torch.randn_like(case.q) * case.q.float().std())
+    args["o"].fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    case.assert_matches(args["o"], args["lse"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gpu_replays_on_the_second_gpu():
+    case = decode_case("cuda:1", batch=2, heads=16, qlen=2, lens=[900, 40], page=64, Lv=512,
+                       rope=64, dtype=torch.bfloat16)
+    args = case.op_args(2)
+    _gpu_check("decode_verify", mla_ops.decode_attention_fwd_verify, tuple(args.values()),
+               (args["o"], args["lse"]))
+    assert torch.cuda.current_device() == 0

@@ -80,11 +80,16 @@ def test_plan_holds_the_tables_config_and_split(arch, H, qlen, B, L):
      ValueError),
     ("metadata-positional", "takes 7 positional arguments", TypeError),
 ])
-def test_plan_refuses_calls_it_was_not_made_for(device, what, message, exc):
+@pytest.mark.parametrize("after_a_good_call", [False, True], ids=["fresh", "after-a-good-call"])
+def test_plan_refuses_calls_it_was_not_made_for(device, what, message, exc, after_a_good_call):
+    """Refused before any launch, also on a plan that has run a good call (which it remembers,
+    so as not to check the same tensors' metadata again)."""
     case = decode_case(device, batch=3, heads=4, qlen=2, lens=(5, 40, 70), page=16, Lv=64,
                        rope=32, dtype=torch.float16, real=(5, 40, 66))
     plan = _plan_for(case, 100, num_kv_splits=2)
     plan.alloc_workspace()
+    if after_a_good_call:
+        _run(plan, case)
     args = case.op_args(2)
     q, kv, o, lse = args["q"], case.k_buffer, args["o"], args["lse"]
     table, lens, real = args["req_to_token"], args["seq_lens"], args["real_seq_lens"]

@@ -45,6 +45,7 @@ def test_main_says_which_kernels_run_and_why():
                     env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"^sm_90 Gluon kernels: ", out.stdout, flags=re.M), out.stdout
+    assert re.search(r"^eager launches: ", out.stdout, flags=re.M), out.stdout
 
 
 def test_main_job_runs_and_checks_both_kernels():

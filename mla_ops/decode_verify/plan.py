@@ -69,6 +69,9 @@ class VerifyPlan:
     # The batches of this bucket: up to ``batch``, selecting this config (computed once, so
     # that run() traces under torch.compile without walking the tuning tables).
     batches: frozenset = dataclasses.field(default=frozenset(), repr=False)
+    # The (dtype, device, shape) of q and the cache of calls that passed _check: a run with
+    # the same ones is not checked again (a set lookup instead of ~20 attribute tests).
+    _passed: set = dataclasses.field(default_factory=set, repr=False)
 
     @property
     def workspace_shape(self) -> tuple[int, ...] | None:
@@ -121,6 +124,16 @@ class VerifyPlan:
             self.page_size, k_scale, self.cp_world, self.cp_rank, self.cp_interleave)
 
     def _check(self, q, kv_cache, o, lse, warm: bool = False) -> None:
+        seen = None
+        if not warm and type(q) is torch.Tensor and type(kv_cache) is torch.Tensor:
+            seen = (q.dtype, q.device, q.shape, kv_cache.dtype, kv_cache.device, kv_cache.shape)
+            if seen in self._passed:
+                return
+        self._check_all(q, kv_cache, o, lse, warm)
+        if seen is not None and len(self._passed) < 64:
+            self._passed.add(seen)
+
+    def _check_all(self, q, kv_cache, o, lse, warm: bool) -> None:
         for name, t in (("q", q), ("kv_cache", kv_cache), ("o", o), ("lse", lse)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
