@@ -6,6 +6,10 @@
 #                                           # and encoder P1-P8 (SDPA backends, ceilings)
 #   bash benchmarks/h200_session.sh tune    # the quick decode sweep (its table into the tree), bench
 #   bash benchmarks/h200_session.sh towers  # the ViT towers end to end
+#   bash benchmarks/h200_session.sh suite   # build _C in place, the GPU suite in two shuffled
+#                                           # orders (SEEDS, default "11 22"), python3 -m mla_ops
+#   bash benchmarks/h200_session.sh eager   # FlashMLA built from .flashmla/ when present
+#                                           # (../shared/flashmla's kit), then eager_launch.py
 # Env: MLA_OPS_COMMIT=<hash> (the copy on the device has no .git: the JSON's env.commit),
 # SWEEP_BUDGET (s, default 210), RESUME=<sweep log> (keep its measurements), SUITE_TIMEOUT (s).
 # Carry .whl (expecttest) for the test suite.
@@ -28,6 +32,30 @@ test_() {
   timeout "${SUITE_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-8}" \
     tests 2>&1 | tee "$OUT/pytest.log" | tail -25
   timeout 90 python3 -m mla_ops 2>&1 | tee "$OUT/main.log"
+}
+suite() {
+  python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 \
+    || { echo "extension build failed:"; tail -20 "$OUT/build.log"; }
+  for seed in ${SEEDS:-11 22}; do
+    MLA_OPS_TEST_SEED=$seed timeout "${SUITE_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider \
+      -n "${PYTEST_WORKERS:-8}" tests 2>&1 | tee "$OUT/pytest_seed$seed.log" | tail -12
+  done
+  timeout 90 python3 -m mla_ops 2>&1 | tee "$OUT/main.log"
+}
+flashmla() {  # the dense sm_90 extension only (about 2 minutes), importable from .flashmla/src
+  [ -d .flashmla/src ] || { echo "no .flashmla/: FlashMLA is left out"; return 0; }
+  ( export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 \
+      NVCC_THREADS=2 FLASH_MLA_DISABLE_SM100=1 FLASH_MLA_DISABLE_FP16=1
+    export PATH=$CUDA_HOME/bin:$PATH
+    eval "$(python3 .flashmla/host_env.py "$PWD/.flashmla/src/build/linkdir")"
+    cd .flashmla/src && FLASHMLA_EXT=dense timeout 420 python3 setup_sm90.py build_ext --inplace \
+      -t build/tmp_dense -b build/lib_dense > "$OUT/build_flashmla.log" 2>&1 ) \
+    && export PYTHONPATH=$PYTHONPATH:$PWD/.flashmla/src \
+    || { echo "FlashMLA build failed:"; tail -15 "$OUT/build_flashmla.log"; }
+}
+eager() {
+  flashmla
+  timeout 300 python3 benchmarks/eager_launch.py --json "$OUT/eager_launch.json" 2>&1 | tail -40
 }
 bench() {
   timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
@@ -52,5 +80,7 @@ test) test_ ;;
 bench) bench ;;
 tune) tune ;;
 towers) towers ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers" >&2; exit 2 ;;
+suite) suite ;;
+eager) eager ;;
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager" >&2; exit 2 ;;
 esac
