@@ -1,5 +1,5 @@
-"""What every launcher shares on the host: the device guard, and integer arithmetic in plain
-Python.
+"""What every launcher shares on the host: the device guard, integer arithmetic in plain
+Python, and the bounds a paged cache's kernels clamp their metadata into.
 
 ``triton.cdiv`` and ``triton.next_power_of_2`` are ``ConstexprFunction`` objects in triton 3.6:
 about 4 µs a call on the host, paid on every eager launch (an encoder run outside a CUDA graph,
@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-__all__ = ["cdiv", "next_power_of_2", "device_guard"]
+__all__ = ["cdiv", "next_power_of_2", "device_guard", "cache_bounds"]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -30,3 +30,15 @@ def device_guard(device: torch.device):
     if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(device)
+
+
+def cache_bounds(k_buffer: torch.Tensor, req_to_token: torch.Tensor, page_size: int
+                 ) -> tuple[int, int]:
+    """``(num_pages, kv_capacity)`` of a paged cache ``[num_pages, page_size, 1, Lk]`` or
+    ``[num_pages * page_size, 1, Lk]`` and its block table ``[B, max_pages]``: the range page
+    indices are clamped into, and the tokens a table row holds (``max_pages * page_size``,
+    capped at int32; 0 for an empty cache, from which no key can be read). Shapes only: no
+    sync."""
+    num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
+    capacity = req_to_token.shape[1] * page_size if num_pages > 0 else 0
+    return num_pages, min(capacity, 2**31 - 1)

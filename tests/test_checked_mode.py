@@ -138,10 +138,10 @@ def test_checked_mode_switches():
         mla_ops.set_checked_mode(None)  # back to the environment
         assert checked.enabled()
     finally:
-        mla_ops.set_checked_mode(None)
         os.environ.pop(checked.ENV, None)
         if saved is not None:
             os.environ[checked.ENV] = saved
+        mla_ops.set_checked_mode(None)  # after the variable is restored
 
 
 def test_checked_mode_valid_input_runs(device):
@@ -151,6 +151,163 @@ def test_checked_mode_valid_input_runs(device):
     with mla_ops.checked_mode():
         o, lse = case.run(num_kv_splits=2)
     case.assert_matches(o, lse)
+
+
+# --- checked mode off: out-of-range metadata is clamped and marked ---------------------------
+#
+# No fault, no silent garbage: the request with a bad page index or length gets NaN in every row
+# of o and lse; every other request is right (the tolerance rule, on a case without the bad one).
+
+def _marked_decode(device, dtype=torch.float16):
+    """Three requests of 16 heads (two 16-row blocks each with BLOCK_H 16), pages of 16; request
+    1's last page holds only its last key, which only its last token's rows read."""
+    return decode_case(device, batch=3, heads=16, qlen=2, lens=(5, 33, 70), page=16, Lv=32,
+                       rope=16, dtype=dtype, spare_pages=1, poison_past_end=True)
+
+
+def _set(name, index, value):
+    def change(args, case):
+        args[name][index] = value(args, case) if callable(value) else value
+    return change
+
+
+# (id, request made bad, change)
+DECODE_OOB = [
+    ("page-num-pages", 1, _set("req_to_token", (1, 1), lambda a, c: _num_pages(c))),
+    ("page-2e20", 2, _set("req_to_token", (2, 3), 2 ** 20)),
+    ("page-minus-1", 0, _set("req_to_token", (0, 0), -1)),
+    # Only token 1's rows (the second row block) read it, and with 3 splits of 16 only its
+    # third split: the other row block and stage 2 must still mark token 0's rows.
+    ("page-last-key-only", 1, _set("req_to_token", (1, 2), lambda a, c: _num_pages(c) + 7)),
+    # Past the block table of the last request: a read past the table's end without the clamp.
+    ("len-past-table", 2, lambda a, c: (a["seq_lens"].__setitem__(2, 5 * c.page_size + 9))),
+    ("len-negative", 0, _set("seq_lens", 0, -4)),
+]
+
+# (id, split cap, config): the pointer path with a page per token of the block, one page per
+# block, the TMA descriptors, and several splits merged by stage 2 (MIN_SPLIT_LEN 16: request
+# 1's 33 keys in 3 splits).
+DECODE_OOB_PATHS = [
+    ("tokenwise", 1, {"BLOCK_H": 16, "BLOCK_N": 32}),
+    ("onepage", 1, {"BLOCK_H": 16, "BLOCK_N": 16}),
+    ("tma", 1, {"BLOCK_H": 16, "BLOCK_N": 16, "TMA": 1}),
+    ("splits3-onepage", 3, {"BLOCK_H": 16, "BLOCK_N": 16, "MIN_SPLIT_LEN": 16, "SPLIT_ALIGN": 16}),
+    ("splits3-tokenwise", 3, {"BLOCK_H": 16, "BLOCK_N": 32, "MIN_SPLIT_LEN": 16,
+                              "SPLIT_ALIGN": 16}),
+]
+
+
+def assert_decode_marked(case, o, lse, bad):
+    """Request ``bad``: NaN in every row of o and lse; the others: the tolerance rule."""
+    rows = case.rows([bad])
+    assert o[rows].isnan().all() and lse[rows].isnan().all(), \
+        f"request {bad} is not marked: {o[rows].isnan().float().mean():.2f} of o NaN, " \
+        f"{lse[rows].isnan().float().mean():.2f} of lse"
+    others = [b for b in range(case.batch) if b != bad]
+    case.subset(others).assert_matches(o[case.rows(others)], lse[case.rows(others)])
+
+
+@pytest.mark.parametrize("path", DECODE_OOB_PATHS, ids=[p[0] for p in DECODE_OOB_PATHS])
+@pytest.mark.parametrize("bad,change", [c[1:] for c in DECODE_OOB], ids=[c[0] for c in DECODE_OOB])
+def test_unchecked_decode_marks_out_of_range_metadata(device, bad, change, path):
+    _, splits, config = path
+    case = _marked_decode(device)
+    args = case.op_args(num_kv_splits=splits)
+    change(args, case)
+    with mla_ops.checked_mode(False):
+        mla_ops.decode_attention_fwd_verify(**args, config=config)
+    assert_decode_marked(case, args["o"], args["lse"], bad)
+
+
+def test_unchecked_decode_real_len_below_a_bad_page_reads_and_marks_nothing(device):
+    """A bad page only past a request's real length is never read: nothing is marked (the
+    padded drafts of a captured batch may carry any table past their real length)."""
+    case = decode_case(device, batch=2, heads=16, qlen=2, lens=(40, 70), page=16, Lv=32,
+                       rope=16, dtype=torch.float32, real=(16, 70), spare_pages=1)
+    args = case.op_args(num_kv_splits=2)
+    args["req_to_token"][0, 1] = 2 ** 20  # keys 16..31 of request 0: past its real length 16
+    with mla_ops.checked_mode(False):
+        mla_ops.decode_attention_fwd_verify(**args, config={"MIN_SPLIT_LEN": 16, "SPLIT_ALIGN": 16})
+    args["req_to_token"][0, 1] = 0  # the reference reads no key there either
+    case.assert_matches(args["o"], args["lse"])
+
+
+def test_unchecked_decode_empty_cache_marks_every_request_with_keys(device):
+    """A cache of no pages: nothing can be read, so every request with a key is marked and
+    one without (length 0) is not."""
+    case = decode_case(device, batch=2, heads=16, qlen=1, lens=(0, 9), page=4, Lv=32, rope=16,
+                       dtype=torch.float32, spare_pages=0)
+    args = case.op_args()
+    args["k_buffer"] = case.k_buffer[:0]
+    args["v_buffer"] = args["k_buffer"][..., :32]
+    with mla_ops.checked_mode(False):
+        mla_ops.decode_attention_fwd_verify(**args)
+    assert args["o"][1].isnan().all() and args["lse"][1].isnan().all()
+    assert (args["o"][0] == 0).all() and torch.isinf(args["lse"][0]).all()
+
+
+GUARDED = textwrap.dedent(r"""
+    # Each case's tensors sit flush against unmapped pages: a read or write outside them kills
+    # this process (SIGSEGV) instead of touching a neighbour's bytes; "case <id>" names the one.
+    import json, sys, dataclasses, torch
+    sys.path.insert(0, "tests")
+    import mla_ops
+    from builders import decode_case, guarded
+
+    def report(name, ok):
+        print(json.dumps({"case": name, "marked": bool(ok)}), flush=True)
+
+    def decode(name, change, guard, config, splits=1):
+        print("case", name, flush=True)
+        c = decode_case("cpu", batch=3, heads=16, qlen=2, lens=(5, 33, 70), page=16, Lv=32,
+                        rope=16, dtype=torch.float32, spare_pages=0)
+        c = dataclasses.replace(c, **{guard: guarded(getattr(c, guard))})
+        c = dataclasses.replace(c, v_buffer=c.k_buffer[..., :32])
+        args = c.op_args(splits)
+        bad = change(args, c)
+        mla_ops.decode_attention_fwd_verify(**args, config=config)
+        rows = c.rows([bad])
+        report(name, args["o"][rows].isnan().all() and args["lse"][rows].isnan().all())
+
+    def table_past_cache(args, c):
+        args["req_to_token"][2, 4] = c.k_buffer.shape[0]  # the page right after the cache
+        return 2
+
+    def len_past_table(args, c):
+        args["seq_lens"][2] = 5 * 16 + 9  # table entry 5 of the last row: past the table's end
+        return 2
+
+    for cfg_name, cfg in (("tokenwise", {"BLOCK_H": 16, "BLOCK_N": 32}),
+                          ("onepage", {"BLOCK_H": 16, "BLOCK_N": 16})):
+        for splits in (1, 3):
+            extra = {"MIN_SPLIT_LEN": 16, "SPLIT_ALIGN": 16} if splits > 1 else {}
+            decode(f"decode-page-past-cache-{cfg_name}-s{splits}", table_past_cache, "k_buffer",
+                   {**cfg, **extra}, splits)
+            decode(f"decode-len-past-table-{cfg_name}-s{splits}", len_past_table, "req_to_token",
+                   {**cfg, **extra}, splits)
+    print("all cases done", flush=True)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="guarded pages need Linux mmap")
+def test_unchecked_out_of_range_metadata_never_touches_memory_outside(device):
+    """The clamps themselves (the marks are tested above): every tensor of each case lies flush
+    against an unmapped page, so one read or write outside the cache or the block table kills
+    the child process. Each case completes and marks its request."""
+    if device != "cpu":
+        pytest.skip("guarded host pages: the interpreter's loads are host reads")
+    env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "1", checked.ENV: "0"}
+    proc = subprocess.run([sys.executable, "-c", GUARDED], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env=env)
+    lines = proc.stdout.splitlines()
+    started = [line[5:] for line in lines if line.startswith("case ")]
+    assert proc.returncode == 0, (f"exit {proc.returncode} in case {started[-1] if started else '?'}"
+                                  f" (-11: a read outside a tensor)\n{proc.stderr[-2000:]}")
+    import json
+
+    results = [json.loads(line) for line in lines if line.startswith("{")]
+    assert lines[-1:] == ["all cases done"] and len(results) == len(started), proc.stdout
+    assert all(r["marked"] for r in results), [r for r in results if not r["marked"]]
 
 
 # --- fuzz: checked-mode verdicts against a Python oracle -------------------------------------

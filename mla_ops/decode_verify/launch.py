@@ -21,7 +21,7 @@ except ImportError:
     TensorDescriptor = None
 
 from .. import checked, platform, spec
-from ..host import cdiv, device_guard, next_power_of_2
+from ..host import cache_bounds, cdiv, device_guard, next_power_of_2
 from ..reference import FP8_DTYPES
 from . import kernels
 from .configs import GLUON_FAMILY_CONFIG, HIP_LAUNCH_KEYS, select_verify_config
@@ -291,13 +291,15 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     # shares one binary (cp_rank is not specialized).
     cp_rank_arg = cp_rank if cp_world > 1 else None
     cp = {"CP_WORLD": cp_world, "CP_INTERLEAVE": cp_interleave if cp_world > 1 else 1}
+    num_pages, kv_capacity = cache_bounds(k_buffer, req_to_token, page_size)
     if cfg["family"] == "gluon":
         launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
                                    o, lse, attn_logits, qlen, num_kv_splits, sm_scale, page_size,
                                    Lv, cfg, cp_world, cp_rank, cp_interleave)
         if not single:
             _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides,
-                           qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, False, **cp)
+                           qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, False, kv_capacity,
+                           **cp)
         return
     stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
     launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
@@ -318,7 +320,7 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        k_scale, batch, num_kv_splits, cp_rank_arg,
+        k_scale, batch, num_kv_splits, num_pages, kv_capacity, cp_rank_arg,
         QLEN=qlen,
         NUM_HEADS=num_heads,
         HAS_REAL=has_real,
@@ -343,13 +345,14 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     if single:
         return
     _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
-                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, **cp)
+                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity, **cp)
 
 
 def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
-                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, CP_WORLD=1,
-                   CP_INTERLEAVE=1):
-    """The split merge (portable Triton), with the chunking of the config stage 1 ran."""
+                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity,
+                   CP_WORLD=1, CP_INTERLEAVE=1):
+    """The split merge (portable Triton), with the chunking of the config stage 1 ran and the
+    ``kv_capacity`` of :func:`cache_bounds` (lengths past it are clamped and marked alike)."""
     block_dv = next_power_of_2(Lv)
     if cfg["S2_BLOCK_DV"]:
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
@@ -357,7 +360,7 @@ def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strid
         attn_logits, o, lse, seq_lens, real,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        num_kv_splits, cp_rank_arg,
+        num_kv_splits, kv_capacity, cp_rank_arg,
         QLEN=qlen,
         HAS_REAL=has_real,
         SPLIT_ALIGN=cfg["SPLIT_ALIGN"],
