@@ -162,6 +162,8 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
     if k_buffer.data_ptr() % 16 or (stride_kpage * esize) % 16 or (stride_ktok * esize) % 16:
         return None, None
     num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
+    if num_pages == 0:  # nothing to describe (and no key is read: see host.cache_bounds)
+        return None, None
     shape = [num_pages, page_size, Lk]
     strides = [stride_kpage, stride_ktok, 1]
     return (TensorDescriptor(k_buffer, shape, strides, [1, block_n, d0]),
