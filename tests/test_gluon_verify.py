@@ -77,7 +77,7 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
            "O": "*bf16", "Lse": "*fp32", "K_Scale": "*fp32"}
     for name in ("stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                  "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
-                 "page_size"):
+                 "page_size", "num_pages", "kv_capacity"):
         sig[name] = "i32"
     constexprs = {"LV": LV, "LK": LK, "BLOCK_N": cfg["BLOCK_N"], "NUM_STAGES": cfg["NUM_STAGES"],
                   "SPLIT_ALIGN": cfg["SPLIT_ALIGN"], "MIN_SPLIT_LEN": cfg["MIN_SPLIT_LEN"],
