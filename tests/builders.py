@@ -20,10 +20,11 @@ Encoder attention (``mla::context_attention``)::
     case.assert_matches(o)
     args = case.op_args()                     # keyword args of torch.ops.mla.context_attention
 
-Some requests only (the others given out-of-range metadata on purpose)::
+Some requests / sequences only (the others given out-of-range metadata on purpose)::
 
     sub = case.subset([0, 2])                 # the same tensors, requests 0 and 2 only
-    sub.assert_matches(o[case.rows([0, 2])], lse[case.rows([0, 2])])
+    sub.assert_matches(o[case.rows([0, 2])], lse[case.rows([0, 2])])   # decode
+    sub.assert_matches(o, outside_untouched=False)                     # encoder (o is packed)
 
 What the builders promise:
 
@@ -479,6 +480,14 @@ class EncoderCase:
                 ob, _ = lowp_attention(qb, kb, vb, scale, keep[None], self.sinks)
                 o[start + i0:start + i1] = ob.transpose(0, 1)
         return o
+
+    def subset(self, sequences: Sequence[int]) -> "EncoderCase":
+        """The same packed tensors with only ``sequences`` (their starts and lengths): its
+        reference and :meth:`assert_matches` cover those, whatever the others' metadata holds."""
+        idx = torch.tensor(list(sequences), dtype=torch.long, device=self.q.device)
+        lens = self.b_seq_len[idx].clone()
+        return dataclasses.replace(self, b_start_loc=self.b_start_loc[idx].clone(), b_seq_len=lens,
+                                   max_input_len=int(lens.max()) if len(sequences) else 0)
 
     def inside(self) -> torch.Tensor:
         """``[total]`` bool: the tokens of some sequence."""

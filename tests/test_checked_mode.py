@@ -17,7 +17,7 @@ import torch
 import mla_ops
 from mla_ops import checked
 
-from builders import decode_case, encoder_case, interpret
+from builders import assert_within, decode_case, encoder_case, interpret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -246,13 +246,84 @@ def test_unchecked_decode_empty_cache_marks_every_request_with_keys(device):
     assert (args["o"][0] == 0).all() and torch.isinf(args["lse"][0]).all()
 
 
+def _marked_encoder(device, causal=True):
+    """Sequences of 5, 37, 0 and 3 tokens packed in 45 tokens; head dim 40 (a 32 + 16 split, so
+    the tail lanes are covered too)."""
+    return encoder_case(device, lens=(5, 37, 0, 3), hq=2, hkv=1, d=40, dtype=torch.float16,
+                        causal=causal)
+
+
+# (id, sequence made bad, its rows inside the packed tokens, change)
+ENCODER_OOB = [
+    ("start-negative", 0, range(0, 3), ("b_start_loc", 0, -2)),
+    ("end-past-total", 3, range(42, 45), ("b_seq_len", 3, 4)),
+    ("start-past-total", 3, range(0), ("b_start_loc", 3, 46)),
+    ("start-far-past-total", 1, range(0), ("b_start_loc", 1, 2 ** 30)),
+    ("len-negative", 1, range(0), ("b_seq_len", 1, -3)),
+]
+
+# BLOCK_M 16: sequence 1 spans three row blocks.
+ENCODER_CONFIGS = {"default": None, "bm16": {"BLOCK_M": 16, "BLOCK_N": 16}}
+
+
+@pytest.mark.parametrize("config", sorted(ENCODER_CONFIGS))
+@pytest.mark.parametrize("bad,rows,change", [c[1:] for c in ENCODER_OOB], ids=[c[0] for c in ENCODER_OOB])
+def test_unchecked_encoder_marks_out_of_range_metadata(device, bad, rows, change, config):
+    """The bad sequence's rows inside the packed tokens are NaN, no row outside it is written
+    (a sentinel, not NaN, so that a NaN write shows), the other sequences are right."""
+    case = _marked_encoder(device)
+    args = case.op_args()
+    args["o"].fill_(7.0)
+    name, index, value = change
+    args[name] = args[name].clone()
+    args[name][index] = value
+    with mla_ops.checked_mode(False):
+        mla_ops.context_attention_fwd(**args, config=ENCODER_CONFIGS[config])
+    o = args["o"]
+    others = [i for i in range(4) if i != bad]
+    mine = torch.zeros(o.shape[0], dtype=torch.bool, device=o.device)
+    mine[list(rows)] = True
+    assert o[mine].isnan().all(), f"sequence {bad} is not marked"
+    sub = case.subset(others)
+    outside = ~(mine | sub.inside())
+    assert (o[outside] == 7.0).all(), "a row outside every sequence was written"
+    sub.assert_matches(o, outside_untouched=False)
+
+
+@pytest.mark.parametrize("config", sorted(ENCODER_CONFIGS))
+@pytest.mark.parametrize("max_len", [4, 0])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_unchecked_encoder_marks_rows_past_max_input_len(device, max_len, causal, config):
+    """``max_input_len`` below some lengths: their rows from ``max_input_len`` on are NaN (those
+    past the grid's last row block included: BLOCK_M 16 leaves 21 of sequence 1's 37 rows
+    outside a one-block grid), the rows below it are right, shorter sequences untouched."""
+    case = _marked_encoder(device, causal=causal)
+    args = case.op_args(max_input_len=max_len)
+    args["o"].fill_(7.0)  # not NaN: a row left unwritten must show
+    with mla_ops.checked_mode(False):
+        mla_ops.context_attention_fwd(**args, config=ENCODER_CONFIGS[config])
+    o = args["o"]
+    starts, lens = case.b_start_loc.tolist(), case.b_seq_len.tolist()
+    past = torch.zeros(o.shape[0], dtype=torch.bool, device=o.device)
+    for s, n in zip(starts, lens):
+        past[s + min(n, max_len):s + n] = True
+    assert o[past].isnan().all(), "rows past max_input_len are not all NaN"
+    inside = case.inside() & ~past
+    assert not o[inside].isnan().any()
+    assert (o[~case.inside()] == 7.0).all(), "a row outside every sequence was written"
+    ref, low = case.reference(torch.float64), case.lowp_reference()
+    groups = [(f"sequence {i} below max_input_len", slice(s, s + min(n, max_len)))
+              for i, (s, n) in enumerate(zip(starts, lens)) if min(n, max_len)]
+    assert_within("o", o, ref, low, groups, case.q.dtype)
+
+
 GUARDED = textwrap.dedent(r"""
     # Each case's tensors sit flush against unmapped pages: a read or write outside them kills
     # this process (SIGSEGV) instead of touching a neighbour's bytes; "case <id>" names the one.
     import json, sys, dataclasses, torch
     sys.path.insert(0, "tests")
     import mla_ops
-    from builders import decode_case, guarded
+    from builders import decode_case, encoder_case, guarded
 
     def report(name, ok):
         print(json.dumps({"case": name, "marked": bool(ok)}), flush=True)
@@ -268,6 +339,18 @@ GUARDED = textwrap.dedent(r"""
         mla_ops.decode_attention_fwd_verify(**args, config=config)
         rows = c.rows([bad])
         report(name, args["o"][rows].isnan().all() and args["lse"][rows].isnan().all())
+
+    def encoder(name, index, start, length, side):
+        print("case", name, flush=True)
+        c = encoder_case("cpu", lens=(5, 37, 0, 3), hq=2, hkv=1, d=40, dtype=torch.float16)
+        q, k, v = (guarded(t, side) for t in (c.q, c.k, c.v))
+        o = guarded(torch.full_like(c.q, 7.0), side)
+        starts, lens = c.b_start_loc.clone(), c.b_seq_len.clone()
+        starts[index], lens[index] = start, length
+        mla_ops.context_attention_fwd(q, k, v, o, starts, lens, 37,
+                                      config={"BLOCK_M": 16, "BLOCK_N": 16})
+        lo, hi = max(start, 0), min(start + length, q.shape[0])
+        report(name, o[lo:hi].isnan().all())  # (an empty range when it lies past the tokens)
 
     def table_past_cache(args, c):
         args["req_to_token"][2, 4] = c.k_buffer.shape[0]  # the page right after the cache
@@ -285,6 +368,9 @@ GUARDED = textwrap.dedent(r"""
                    {**cfg, **extra}, splits)
             decode(f"decode-len-past-table-{cfg_name}-s{splits}", len_past_table, "req_to_token",
                    {**cfg, **extra}, splits)
+    encoder("encoder-end-past-total", 3, 42, 4, "end")
+    encoder("encoder-start-far-past-total", 1, 2 ** 30, 37, "end")
+    encoder("encoder-start-negative", 0, -2, 5, "start")
     print("all cases done", flush=True)
 """)
 
@@ -292,8 +378,8 @@ GUARDED = textwrap.dedent(r"""
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="guarded pages need Linux mmap")
 def test_unchecked_out_of_range_metadata_never_touches_memory_outside(device):
     """The clamps themselves (the marks are tested above): every tensor of each case lies flush
-    against an unmapped page, so one read or write outside the cache or the block table kills
-    the child process. Each case completes and marks its request."""
+    against an unmapped page, so one read or write outside q / k / v / o, the cache or the
+    block table kills the child process. Each case completes and marks its request."""
     if device != "cpu":
         pytest.skip("guarded host pages: the interpreter's loads are host reads")
     env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "1", checked.ENV: "0"}

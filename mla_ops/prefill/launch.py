@@ -136,7 +136,7 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
                           max_input_len=max_input_len, is_causal=bool(is_causal),
                           qk_scale=float(softmax_scale) * _LOG2E, sinks=sinks, split=split,
                           cfg={key: cfg[key] for key in GLUON_DEFAULT_CONFIG})
-            grid = (cdiv(max_input_len, cfg["BLOCK_M"]), q.shape[1], batch)
+            grid = (_row_blocks(max_input_len, cfg["BLOCK_M"]), q.shape[1], batch)
             return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied,
                           family="gluon")
         # What only the tensors show (a base pointer off 16 bytes): the portable kernel.
@@ -152,6 +152,7 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
         stride_vt=v.stride(0), stride_vh=v.stride(1),
         stride_ot=o.stride(0), stride_oh=o.stride(1),
         kv_group=hq // hkv,
+        total_tokens=total, max_input_len=int(max_input_len),
         HEAD_DIM=head_dim,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_D=split[0], BLOCK_D_TAIL=split[1],
@@ -167,8 +168,15 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
     )
     if plat.is_hip and cfg["waves_per_eu"]:
         kwargs["waves_per_eu"] = cfg["waves_per_eu"]
-    grid = (cdiv(max_input_len, cfg["BLOCK_M"]), hq, batch)
+    grid = (_row_blocks(max_input_len, cfg["BLOCK_M"]), hq, batch)
     return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied)
+
+
+def _row_blocks(max_input_len: int, block_m: int) -> int:
+    """Row blocks per sequence of the grid: ``cdiv(max_input_len, block_m)``, at least 1 so
+    that a ``max_input_len`` of 0 with a non-empty sequence still reaches it (its rows are
+    then marked NaN, as rows past any too-small ``max_input_len`` are)."""
+    return max(1, cdiv(max_input_len, block_m))
 
 
 def _aligned_view(t: torch.Tensor) -> torch.Tensor:
