@@ -261,7 +261,8 @@ def _stage1_program(
     pid, Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse,
     stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok, stride_mid_m, stride_mid_h,
     stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh, K_Scale, batch, num_kv_splits,
-    num_pages, kv_capacity, QLEN: tl.constexpr, NUM_HEADS: tl.constexpr, HAS_REAL: tl.constexpr, BLOCK_DMODEL: tl.constexpr,
+    num_pages, kv_capacity,
+    QLEN: tl.constexpr, NUM_HEADS: tl.constexpr, HAS_REAL: tl.constexpr, BLOCK_DMODEL: tl.constexpr,
     BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr, MIN_SPLIT_LEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
     QSPLIT: tl.constexpr, SINGLE: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -498,7 +499,8 @@ def _fwd_verify_stage1(
                 pid, Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens,
                 Mid, O, Lse, stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok,
                 stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm,
-                stride_lh, K_Scale, batch, num_kv_splits, num_pages, kv_capacity, QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL,
+                stride_lh, K_Scale, batch, num_kv_splits, num_pages, kv_capacity, QLEN, NUM_HEADS,
+                HAS_REAL, BLOCK_DMODEL,
                 BLOCK_DPE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE,
                 DOT_PRECISION, FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE,
             )
@@ -507,7 +509,8 @@ def _fwd_verify_stage1(
             tl.program_id(0), Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens,
             Real_Lens, Mid, O, Lse, stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok,
             stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
-            K_Scale, batch, num_kv_splits, num_pages, kv_capacity, QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL, BLOCK_DPE,
+            K_Scale, batch, num_kv_splits, num_pages, kv_capacity, QLEN, NUM_HEADS, HAS_REAL,
+            BLOCK_DMODEL, BLOCK_DPE,
             BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE, DOT_PRECISION,
             FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE,
         )
@@ -584,7 +587,8 @@ def _fwd_verify_stage2(
         offs_s = s0 + tl.arange(0, BLOCK_S)
         # The lse of every split of the request is read: stage 1 writes each (row, split) entry,
         # NaN for a marked request, -inf where the row has no key in the split.
-        lse_s = tl.load(p_mid + offs_s * stride_mid_s + Lv, mask=offs_s < n_req, other=float("-inf"))  # [BLOCK_S]
+        lse_s = tl.load(p_mid + offs_s * stride_mid_s + Lv, mask=offs_s < n_req,
+                        other=float("-inf"))  # [BLOCK_S]
         nan_seen = nan_seen | (lse_s != lse_s)
         # Only the row's own splits are merged (each holds a key of the row: a finite lse).
         mask_s = offs_s < n_splits

@@ -328,5 +328,5 @@ def context_attention_kernel(
             r_ok = (offs_r < seq_len)[:, None]
             tl.store(p_r + offs_d[None, :], nan_tile, mask=r_ok & d_ok[None, :])
             if BLOCK_D_TAIL > 0:
-                tl.store(p_r + offs_dt[None, :], tl.full([BLOCK_M, BLOCK_D_TAIL], float("nan"), O.dtype.element_ty),
-                         mask=r_ok & dt_ok[None, :])
+                nan_tail = tl.full([BLOCK_M, BLOCK_D_TAIL], float("nan"), O.dtype.element_ty)
+                tl.store(p_r + offs_dt[None, :], nan_tail, mask=r_ok & dt_ok[None, :])
