@@ -248,6 +248,13 @@ def decode_attention_fwd_verify(
             keys), to be merged across ranks by LSE (``mla_ops.context_parallel``). The split
             cap applies to the local length. ``cp_world == 1`` is the single-GPU kernel.
         config: keyword-only overrides of the selected launch config (benchmarks, sweeps).
+
+    Metadata only the data can show wrong is validated by checked mode (``mla_ops.checked``).
+    With it off, nothing faults and nothing passes silently: page indices are clamped into the
+    cache and lengths into the block table before they form an address, and a request with a
+    page index outside ``[0, num_pages)`` among the keys it reads (``[0, min(L, L_real))``), a
+    length past ``max_pages * page_size`` or a negative length gets ``o = NaN`` and
+    ``lse = NaN`` in all its rows; the other requests are unaffected.
     """
     args = (q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
             attn_logits, num_kv_splits, sm_scale, page_size, k_scale, cp_world, cp_rank,

@@ -225,12 +225,17 @@ def context_attention_fwd(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_
         b_start_loc, b_seq_len: ``[B]`` int32/int64 (contiguous) first token and length of
             each sequence.
         max_input_len: an upper bound on ``b_seq_len`` (sizes the grid; no device sync:
-            checked mode verifies it).
+            checked mode verifies it). Rows of a longer sequence from ``max_input_len`` on get
+            ``o = NaN`` (checked mode off).
         is_causal: query i sees keys j <= i of its own sequence (top-left).
         softmax_scale: defaults to ``1/sqrt(D)``; finite and positive.
         sliding_window_q / sliding_window_k: when > 0, keep ``i - j <= w`` / ``j - i <= w``.
         sinks: ``[Hq]`` per-head null logits (natural log, unscaled) added to the denominator.
         config: keyword-only overrides of the selected launch config (``configs.py`` keys).
+
+    With checked mode off, a sequence whose start or length is negative, or that ends past the
+    packed tokens, is clamped into them (nothing outside q/k/v/o is read or written) and its
+    rows inside them get ``o = NaN``; the other sequences are unaffected.
     """
     args = (q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal, softmax_scale,
             sliding_window_q, sliding_window_k, sinks)
