@@ -37,8 +37,10 @@ def cache_bounds(k_buffer: torch.Tensor, req_to_token: torch.Tensor, page_size: 
     """``(num_pages, kv_capacity)`` of a paged cache ``[num_pages, page_size, 1, Lk]`` or
     ``[num_pages * page_size, 1, Lk]`` and its block table ``[B, max_pages]``: the range page
     indices are clamped into, and the tokens a table row holds (``max_pages * page_size``,
-    capped at int32; 0 for an empty cache, from which no key can be read). Shapes only: no
-    sync."""
+    capped at int32). An empty cache gives ``(1, 0)``: a capacity of 0 means no key is read
+    (every request with one is marked), and the page bound stays one the kernels can compare
+    and clamp against. Shapes only: no sync."""
     num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
-    capacity = req_to_token.shape[1] * page_size if num_pages > 0 else 0
-    return num_pages, min(capacity, 2**31 - 1)
+    if num_pages == 0:
+        return 1, 0
+    return num_pages, min(req_to_token.shape[1] * page_size, 2**31 - 1)

@@ -139,7 +139,7 @@ def _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, r
                     num_pages, NW: gl.constexpr):
     """Whether this CTA's request is marked (o, lse := NaN): a bad length, or a table entry of
     the split's keys ``[split_start, min(split_end, req_lim))`` outside ``[0, num_pages)``
-    (one unsigned compare catches negative indices). Every row block of the request reads the
+    (one unsigned compare: a negative index is huge as uint32). Every row block of the request reads the
     same entries, so all of them agree; ``NW`` warps of the calling partition."""
     # 128 entries per load, 4 contiguous per lane, every warp holding all of them: the reduction
     # stays inside a warp (no shared memory, no barrier between the partition's warps).

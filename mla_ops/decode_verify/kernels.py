@@ -26,16 +26,19 @@ everything after that (splits, masks, table reads) is the single-GPU code on loc
 
 Out-of-range metadata (checked mode off, nothing validated on the host): every page index read
 from the block table is clamped into ``[0, num_pages)`` before it forms an address (an index
-outside reads page 0), and a length past the block table (``seq_len > kv_capacity``, local
-under context parallelism) is clamped to it, so no input makes an address outside the cache or
-the table. Such a request is *marked*: every row gets ``o = NaN`` and ``lse = NaN``. It is
-marked when ``seq_len < 0``, when ``seq_len > kv_capacity``, or when a page index its keys
-``[0, min(seq_len, real_len))`` map to is outside the cache (pages only a length past
-``real_len`` would touch are never read and never mark). Each stage-1 program ORs a flag over
-the indices it loads anyway (one unsigned compare and a select per index) and checks the few
-table entries of its split that only later rows of the request read, so every row block
-agrees; split partials carry the mark as NaN, and stage 2 turns a NaN partial of any of the
-request's splits into NaN rows (explicitly: ``max`` may drop a NaN).
+outside reads page ``num_pages - 1``), and a length past the block table
+(``seq_len > kv_capacity``, local under context parallelism) is clamped to it, so no input
+makes an address outside the cache or the table. Such a request is *marked*: every row gets
+``o = NaN`` and ``lse = NaN``. It is marked when ``seq_len < 0``, when
+``seq_len > kv_capacity``, or when a page index its keys ``[0, min(seq_len, real_len))`` map to
+is outside the cache (pages only a length past ``real_len`` would touch are never read and
+never mark). The block loops pay one unsigned min (the clamp: a negative index is huge as
+uint32) and one unsigned max (the running largest index, compared with ``num_pages`` once
+after the loops) per index they load anyway. Before the loops each program also checks the
+table entries of its split that only later rows of the request read (rarely any), so every row
+block agrees. Split partials carry the mark as NaN, and stage 2 merges the lse of all the
+request's splits, so a NaN partial makes the row's sum NaN, which it turns into NaN rows
+explicitly (its ``has_key`` test would read a NaN sum as "no key").
 """
 
 import triton
@@ -68,11 +71,12 @@ def _cp_local_len(n, cp_rank, CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexp
 
 @triton.jit
 def _page_in_cache(page, num_pages):
-    """``(page clamped into [0, num_pages), whether it was outside)``, any shape: one unsigned
-    compare catches negative indices too; an index outside becomes page 0 (its request is
-    marked, see the module docstring)."""
-    bad = page.to(tl.uint32, bitcast=True) >= num_pages.to(tl.uint32)
-    return tl.where(bad, 0, page), bad
+    """``(page clamped into [0, num_pages), the index as uint32)``, any shape. As unsigned, a
+    negative index is huge, so one unsigned min clamps both ends (to ``num_pages - 1``); the
+    caller keeps the running unsigned max of the raw indices, and the request is marked when
+    it reaches ``num_pages`` (module docstring): one min and one max per index read."""
+    raw = page.to(tl.uint32, bitcast=True)
+    return tl.minimum(raw, num_pages.to(tl.uint32) - 1), raw
 
 
 @triton.jit
@@ -81,8 +85,8 @@ def _kv_offsets(
     PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, MASKED: tl.constexpr,
 ):
     """int64 element offsets ``[BLOCK_N]`` of the tokens ``offs_n`` of one request in the cache,
-    and whether a page index read was outside the cache (scalar with ONE_PAGE, else
-    ``[BLOCK_N]``).
+    and the page indices read, as uint32 (scalar with ONE_PAGE, else ``[BLOCK_N]``; see
+    ``_page_in_cache``).
 
     Page offsets are int64 because a cross-layer cache view has page strides of
     ``layers * page_size * Lk`` elements, past int32 in big caches.
@@ -90,16 +94,16 @@ def _kv_offsets(
     tok_off = (offs_n % PAGE_SIZE).to(tl.int64) * stride_ktok  # [BLOCK_N]
     if ONE_PAGE:
         # The whole KV block lies in one page (start_n < kv_end <= L): one table read.
-        page, bad = _page_in_cache(tl.load(Req_to_Token + req_row + start_n // PAGE_SIZE), num_pages)
-        return page.to(tl.int64) * stride_kpage + tok_off, bad
+        page, raw = _page_in_cache(tl.load(Req_to_Token + req_row + start_n // PAGE_SIZE), num_pages)
+        return page.to(tl.int64) * stride_kpage + tok_off, raw
     else:
         if MASKED:
             # Table entries past the split end may not exist: read page 0 there (loads masked).
             pages = tl.load(Req_to_Token + req_row + offs_n // PAGE_SIZE, mask=load_mask, other=0)
         else:
             pages = tl.load(Req_to_Token + req_row + offs_n // PAGE_SIZE)
-        pages, bad = _page_in_cache(pages, num_pages)
-        return pages.to(tl.int64) * stride_kpage + tok_off, bad
+        pages, raw = _page_in_cache(pages, num_pages)
+        return pages.to(tl.int64) * stride_kpage + tok_off, raw
 
 
 @triton.jit
@@ -170,7 +174,7 @@ def _attend_block(
     zeroing them would take the tile through registers, so the tail blocks keep the masked
     pointer loads.
 
-    Also returns whether a page index of the block was outside the cache (clamped: see
+    Also returns the block's raw page indices as uint32 (clamped for the loads: see
     ``_page_in_cache``).
     """
     KEY_AX: tl.constexpr = 1 - SWAP_AB  # axis of the scores along which keys run
@@ -184,13 +188,13 @@ def _attend_block(
         offs_d = tl.arange(0, BLOCK_DMODEL)
     TMA_HERE: tl.constexpr = USE_TMA and not MASKED
     if TMA_HERE:
-        page, bad = _page_in_cache(tl.load(Req_to_Token + req_row + start_n // PAGE_SIZE), num_pages)
+        page, raw = _page_in_cache(tl.load(Req_to_Token + req_row + start_n // PAGE_SIZE), num_pages)
         tok0 = start_n % PAGE_SIZE
         k0 = K_Desc.load([page, tok0, 0]).reshape(BLOCK_N, D0)
         kv_off = offs_n  # unused
         p_k0 = K_Buffer  # unused
     else:
-        kv_off, bad = _kv_offsets(Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage,
+        kv_off, raw = _kv_offsets(Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage,
                                   stride_ktok, num_pages, PAGE_SIZE, ONE_PAGE, MASKED)  # [BLOCK_N] int64
         p_k0 = K_Buffer + kv_off[:, None] + offs_d[None, :]
         k0 = _load_tile(p_k0, load_mask[:, None], MASKED)  # [BLOCK_N, D0]
@@ -253,7 +257,7 @@ def _attend_block(
             # Read after the first half's dot, so that only one converted half is live.
             v1 = _load_tile(p_v0 + HALF, load_mask[None, :], MASKED)  # [HALF, BLOCK_N]
         acc1 = _value_dot(p, v1, acc1 * alpha_acc, SWAP_AB, V_T, DOT_PRECISION)  # [BLOCK_H, HALF]
-    return acc0, acc1, m_new, l_i, bad
+    return acc0, acc1, m_new, l_i, raw
 
 
 @triton.jit
@@ -295,7 +299,7 @@ def _stage1_program(
     row_lim = tl.where(row_valid, tl.maximum(row_lim, 0), 0)  # [BLOCK_H]
     # The keys the request's last row sees: the table entries the whole request reads.
     req_lim = tl.maximum(tl.minimum(seq_len, real_len), 0)
-    len_bad = seq_len < 0
+    marked = seq_len < 0
     if CP_WORLD > 1:
         # Global limits and length -> this rank's: a row's keys are a prefix of the local cache,
         # and the splits cut the local length. Everything below is in local positions.
@@ -304,7 +308,7 @@ def _stage1_program(
         seq_len = _cp_local_len(seq_len, cp_rank, CP_WORLD, CP_INTERLEAVE)
     # A length past the block table (kv_capacity: 0 for an empty cache) is clamped to it and
     # marks the request; kv_end below never passes it, so no table read leaves the row.
-    len_bad = len_bad | (seq_len > kv_capacity)
+    marked = marked | (seq_len > kv_capacity)
     seq_len = tl.minimum(seq_len, kv_capacity)
     min_lim = tl.min(tl.where(row_valid, row_lim, 2147483647), axis=0)
     max_lim = tl.max(row_lim, axis=0)
@@ -317,6 +321,21 @@ def _stage1_program(
     kv_end = tl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
     full_end = tl.minimum(split_end, min_lim)  # every row of the tile sees keys below this
     full_end = split_start + tl.maximum(full_end - split_start, 0) // BLOCK_N * BLOCK_N
+
+    # The table entries of this split that the block loops below do not read but later rows
+    # of the request do (pages of keys [kv_end, min(split_end, req_lim)) not holding a key
+    # below kv_end: none for the request's last row block, and for the others none unless
+    # kv_end falls on a page boundary, or pages are shorter than qlen), so that every row
+    # block of the request marks it alike. Checked first, while nothing else is live: only a
+    # flag is carried through the loops.
+    req_row = pid_b.to(tl.int64) * stride_req_b
+    EXTRA: tl.constexpr = 16
+    pg_lo = tl.where(kv_end > split_start, tl.cdiv(kv_end, PAGE_SIZE), split_start // PAGE_SIZE)
+    pg_end = tl.cdiv(tl.minimum(split_end, req_lim), PAGE_SIZE)
+    for j0 in range(pg_lo, pg_end, EXTRA):
+        offs_j = j0 + tl.arange(0, EXTRA)
+        pages = tl.load(Req_to_Token + req_row + offs_j, mask=offs_j < pg_end, other=0)
+        marked = marked | (tl.max(pages.to(tl.uint32, bitcast=True), axis=0) >= num_pages.to(tl.uint32))
 
     # Queries of the tile, kept for the whole pass.
     q_row = (pid_b * QLEN + tok).to(tl.int64)
@@ -359,50 +378,38 @@ def _stage1_program(
 
     k_scale = tl.load(K_Scale)
     qk_scale = qk_scale * k_scale  # scores of a dequantized cache: q . (k * k_scale)
-    req_row = pid_b.to(tl.int64) * stride_req_b
     # A KV block never straddles a page when pages and split starts are multiples of it.
     ONE_PAGE: tl.constexpr = (PAGE_SIZE % BLOCK_N == 0) and (SPLIT_ALIGN % BLOCK_N == 0)
-    # Whether a page index read was outside the cache: ORed per block (a scalar with ONE_PAGE,
-    # else per token of the block), reduced once after the loops.
+    # The largest page index read, as uint32 (a negative one is huge): a running max per block
+    # (a scalar with ONE_PAGE, else per token of the block), reduced once after the loops.
     if ONE_PAGE:
-        page_bad = len_bad
+        page_max = tl.zeros([], dtype=tl.uint32)
     else:
-        page_bad = tl.zeros([BLOCK_N], dtype=tl.int1) | len_bad
+        page_max = tl.zeros([BLOCK_N], dtype=tl.uint32)
 
     # Blocks below every row's limit: no masks.
     for start_n in range(split_start, full_end, BLOCK_N):
-        acc0, acc1, m_i, l_i, bad = _attend_block(
+        acc0, acc1, m_i, l_i, raw = _attend_block(
             acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end,
             row_lim, stride_kpage, stride_ktok, qk_scale, num_pages,
             BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, False, DOT_PRECISION, SWAP_AB,
             USE_TMA,
         )
-        page_bad = page_bad | bad
+        page_max = tl.maximum(page_max, raw)
     # The tail where rows' limits (or the split end) fall: loads bounded by kv_end, scores by
     # each row's limit.
     row_lim_split = tl.minimum(row_lim, kv_end)
     for start_n in range(full_end, kv_end, BLOCK_N):
-        acc0, acc1, m_i, l_i, bad = _attend_block(
+        acc0, acc1, m_i, l_i, raw = _attend_block(
             acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end,
             row_lim_split, stride_kpage, stride_ktok, qk_scale, num_pages,
             BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, True, DOT_PRECISION, SWAP_AB,
             USE_TMA,
         )
-        page_bad = page_bad | bad
-    if ONE_PAGE:
-        marked = page_bad
-    else:
-        marked = tl.max(page_bad.to(tl.int32), axis=0) > 0
-    # The table entries of this split that only later rows of the request read (keys
-    # [kv_end, min(split_end, req_lim)): fewer than qlen, none for the last row block), so that
-    # every row block of the request marks it alike.
-    EXTRA: tl.constexpr = 16
-    pg_end = tl.cdiv(tl.minimum(split_end, req_lim), PAGE_SIZE)
-    for j0 in range(tl.maximum(kv_end, split_start) // PAGE_SIZE, pg_end, EXTRA):
-        offs_j = j0 + tl.arange(0, EXTRA)
-        pages = tl.load(Req_to_Token + req_row + offs_j, mask=offs_j < pg_end, other=0)
-        _, outside = _page_in_cache(pages, num_pages)
-        marked = marked | (tl.max(outside.to(tl.int32), axis=0) > 0)
+        page_max = tl.maximum(page_max, raw)
+    if not ONE_PAGE:
+        page_max = tl.max(page_max, axis=0)
+    marked = marked | (page_max >= num_pages.to(tl.uint32))
 
     # Rows that saw no key (lim == 0, or nothing of theirs in this split): o = 0, lse = -inf.
     # A marked request: o = NaN and lse = NaN in every row.
@@ -582,33 +589,31 @@ def _fwd_verify_stage2(
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    nan_seen = tl.zeros([BLOCK_S], dtype=tl.int1)
     for s0 in range(0, n_req, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
-        # The lse of every split of the request is read: stage 1 writes each (row, split) entry,
-        # NaN for a marked request, -inf where the row has no key in the split.
+        # The lse of every split of the request is merged: stage 1 writes each (row, split)
+        # entry, -inf where the row has no key in the split (weight 0, o 0: not loaded), NaN
+        # for a marked request. Only the row's own splits' o is loaded.
         lse_s = tl.load(p_mid + offs_s * stride_mid_s + Lv, mask=offs_s < n_req,
                         other=float("-inf"))  # [BLOCK_S]
-        nan_seen = nan_seen | (lse_s != lse_s)
-        # Only the row's own splits are merged (each holds a key of the row: a finite lse).
         mask_s = offs_s < n_splits
-        lse_s = tl.where(mask_s, lse_s, float("-inf"))
         o_s = tl.load(p_mid + offs_s[:, None] * stride_mid_s + offs_d[None, :],
                       mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_DV]
         m_new = tl.maximum(m_i, tl.max(lse_s, axis=0))
-        # -inf while the row has no split yet (its later splits only): keeps NaN out of alpha.
+        # -inf while the row has no key yet (its later splits only): keeps NaN out of alpha.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
-        w = tl.exp(lse_s - m_safe)  # [BLOCK_S]
+        w = tl.exp(lse_s - m_safe)  # [BLOCK_S]; NaN for a NaN partial, whatever max did
         acc = acc * alpha + tl.sum(w[:, None] * o_s, axis=0)
         l_i = l_i * alpha + tl.sum(w, axis=0)
         m_i = m_new
     has_key = l_i > 0.0
     out = tl.where(has_key, acc / tl.where(has_key, l_i, 1.0), 0.0)
     lse = tl.where(has_key, m_i + tl.log(tl.where(has_key, l_i, 1.0)), float("-inf"))
-    # A marked request (a NaN partial in any of its splits, or a bad length): NaN, explicitly
-    # (tl.maximum and the has_key test above would both drop a NaN).
-    marked = len_bad | (tl.max(nan_seen.to(tl.int32), axis=0) > 0)
+    # A marked request: a NaN partial in any of the request's splits made l NaN (exp and sum
+    # keep it, whether or not max dropped it), or a bad length. Explicitly NaN: the has_key
+    # test above turns a NaN l into o = 0, lse = -inf.
+    marked = len_bad | (l_i != l_i)
     out = tl.where(marked, float("nan"), out)
     lse = tl.where(marked, float("nan"), lse)
     tl.store(O + pid_m.to(tl.int64) * stride_om + pid_h * stride_oh + offs_d,
