@@ -14,7 +14,8 @@ mode refuses to run inside a CUDA-graph capture (it synchronises). The plain-PyT
 (the ops' CPU kernels) synchronises anyway, so it always validates.
 
 When off, nothing here runs: the launch path is one flag test (the environment is read at
-import, and again by ``set_checked_mode(None)``).
+import, and again by ``set_checked_mode(None)``). The kernels then clamp such metadata so that
+nothing faults, and mark what it touched with NaN (the README's "Bad input" section).
 """
 
 from __future__ import annotations

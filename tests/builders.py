@@ -20,6 +20,12 @@ Encoder attention (``mla::context_attention``)::
     case.assert_matches(o)
     args = case.op_args()                     # keyword args of torch.ops.mla.context_attention
 
+Some requests / sequences only (the others given out-of-range metadata on purpose)::
+
+    sub = case.subset([0, 2])                 # the same tensors, requests 0 and 2 only
+    sub.assert_matches(o[case.rows([0, 2])], lse[case.rows([0, 2])])   # decode
+    sub.assert_matches(o, outside_untouched=False)                     # encoder (o is packed)
+
 What the builders promise:
 
 * inputs are random, never zeros (``randn``; an all-zero tensor hides swapped arguments);
@@ -55,7 +61,7 @@ from mla_ops.reference import (FP8_DTYPES, cache_pages, context_attention_ref, d
                                verify_row_limits)
 
 __all__ = ["interpret", "SM_SCALE", "FP8", "K", "FLOOR", "DecodeCase", "decode_case", "EncoderCase",
-           "encoder_case", "lowp_attention", "assert_within", "to_meta", "ToleranceError"]
+           "encoder_case", "lowp_attention", "assert_within", "to_meta", "guarded", "ToleranceError"]
 
 SM_SCALE = 0.1352  # DeepSeek's MLA scale (1/sqrt(192) * mscale**2)
 FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
@@ -281,6 +287,20 @@ class DecodeCase:
             lse[b * self.qlen:(b + 1) * self.qlen] = lb.transpose(0, 1)
         return o, lse
 
+    def rows(self, requests: Sequence[int]) -> torch.Tensor:
+        """The rows of ``q`` / ``o`` / ``lse`` that belong to ``requests``, in that order."""
+        return torch.tensor([b * self.qlen + t for b in requests for t in range(self.qlen)],
+                            dtype=torch.long, device=self.q.device)
+
+    def subset(self, requests: Sequence[int]) -> "DecodeCase":
+        """The same batch with only ``requests`` (their q rows, block-table rows, lengths; the
+        same cache): its reference is theirs, whatever the other requests' metadata holds."""
+        idx = torch.tensor(list(requests), dtype=torch.long, device=self.q.device)
+        return dataclasses.replace(
+            self, q=self.q[self.rows(requests)], req_to_token=self.req_to_token[idx].clone(),
+            seq_lens=self.seq_lens[idx].clone(),
+            real_seq_lens=None if self.real_seq_lens is None else self.real_seq_lens[idx].clone())
+
     def assert_matches(self, o, lse, k: float = K, floor: float | None = None) -> dict:
         """The tolerance rule (module docstring), request by request, for ``o`` and ``lse``;
         rows without a key exactly ``o = 0``, ``lse = -inf``. Returns the errors measured."""
@@ -461,6 +481,14 @@ class EncoderCase:
                 o[start + i0:start + i1] = ob.transpose(0, 1)
         return o
 
+    def subset(self, sequences: Sequence[int]) -> "EncoderCase":
+        """The same packed tensors with only ``sequences`` (their starts and lengths): its
+        reference and :meth:`assert_matches` cover those, whatever the others' metadata holds."""
+        idx = torch.tensor(list(sequences), dtype=torch.long, device=self.q.device)
+        lens = self.b_seq_len[idx].clone()
+        return dataclasses.replace(self, b_start_loc=self.b_start_loc[idx].clone(), b_seq_len=lens,
+                                   max_input_len=int(lens.max()) if len(sequences) else 0)
+
     def inside(self) -> torch.Tensor:
         """``[total]`` bool: the tokens of some sequence."""
         mask = torch.zeros(self.q.shape[0], dtype=torch.bool, device=self.q.device)
@@ -522,6 +550,35 @@ def encoder_case(device, *, lens: Sequence[int], hq: int, hkv: int, d: int,
         q, k, v, torch.tensor(starts, dtype=index_dtype, device=device),
         torch.tensor(list(lens), dtype=index_dtype, device=device), max(lens, default=0),
         causal, softmax_scale, window_q, window_k, sinks, head_stride)
+
+
+# --- memory that faults past a tensor ---------------------------------------------------------
+
+
+def guarded(t: torch.Tensor, side: str = "end") -> torch.Tensor:
+    """A CPU copy of ``t`` between two unmapped pages, flush against the one after it
+    (``side="end"``: a read even one element past its end faults) or the one before it
+    (``"start"``: a read before its first element faults). Under the interpreter a kernel that
+    reads outside a tensor then dies with SIGSEGV instead of reading a neighbour's bytes, so a
+    test (in a child process) sees every out-of-bounds access. Linux / POSIX mmap only."""
+    import ctypes
+    import mmap
+
+    t = t.contiguous()
+    nbytes = t.numel() * t.element_size()
+    page = mmap.PAGESIZE
+    span = max(1, -(-nbytes // page)) * page
+    buf = mmap.mmap(-1, span + 2 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    for off in (0, page + span):
+        if libc.mprotect(ctypes.c_void_p(base + off), page, 0) != 0:
+            raise OSError(ctypes.get_errno(), "mprotect")
+    offset = page + (span - nbytes if side == "end" else 0)
+    out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
+    out = out.view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
 
 
 # --- meta tensors -----------------------------------------------------------------------------

@@ -201,7 +201,8 @@ def _compile(head_dim: int, causal: bool, cfg: dict, sinks: bool = False):
            "v_desc": tensordesc([bn, 1, main], "bf16", bf),
            "vt_desc": tensordesc([bn, 1, tail or main], "bf16", bf),
            "O": "*bf16", "Sinks": "*bf16", "B_Start_Loc": "*i32", "B_Seq_Len": "*i32",
-           "qk_scale": "fp32", "stride_ot": "i32", "stride_oh": "i32", "kv_group": "i32"}
+           "qk_scale": "fp32", "stride_ot": "i32", "stride_oh": "i32", "kv_group": "i32",
+           "total_tokens": "i32", "max_input_len": "i32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=bn, NUM_STAGES=cfg["NUM_STAGES"],
                       IS_CAUSAL=causal, HAS_SINKS=sinks, PIPELINE=bool(cfg["PIPELINE"]),
                       PINGPONG=bool(cfg["PINGPONG"] and cfg["PIPELINE"]), P_SMEM=bool(cfg["P_SMEM"]),

@@ -23,6 +23,7 @@ from mla_ops import gluon_support
 from mla_ops.decode_verify import gluon_launch as gla
 from mla_ops.decode_verify import kernels  # noqa: F401
 from mla_ops.decode_verify import launch
+from mla_ops.host import cache_bounds
 from mla_ops.reference import decode_verify_ref
 
 from gluon_offline import compile_sm90a, ptxas_facts, run_in_subprocess, tensordesc
@@ -81,7 +82,7 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
            "O": "*bf16", "Lse": "*fp32", "K_Scale": "*fp32"}
     for name in ("stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                  "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
-                 "page_size"):
+                 "page_size", "num_pages", "kv_capacity"):
         sig[name] = "i32"
     constexprs = {"LV": LV, "LK": LK, "BLOCK_N": cfg["BLOCK_N"], "NUM_STAGES": cfg["NUM_STAGES"],
                   "SPLIT_ALIGN": cfg["SPLIT_ALIGN"], "MIN_SPLIT_LEN": cfg["MIN_SPLIT_LEN"],
@@ -243,8 +244,10 @@ def gluon_verify(c, num_kv_splits, cfg=None, outs=None):
                                    lse, mid, c["qlen"], num_kv_splits, SM_SCALE, c["page_size"], LV, cfg)
     if num_kv_splits > 1:  # the portable stage 2, as the launcher runs it after Gluon
         stage2 = {**cfg, "S2_BLOCK_S": 8, "S2_BLOCK_DV": 0, "s2_num_warps": 4}
+        capacity = cache_bounds(c["k"], c["table"], c["page_size"])[1]
         launch._launch_stage2(stage2, mid, o, lse, c["seq_lens"], real, has_real,
-                              mid.stride()[:3], c["qlen"], heads, num_kv_splits, LV, None, False)
+                              mid.stride()[:3], c["qlen"], heads, num_kv_splits, LV, None, False,
+                              capacity)
     return o, lse
 
 

@@ -40,6 +40,16 @@ block of a CTA the V rows past its last key are zeroed in shared memory before a
 reads them (0 * NaN would be NaN): bf16: each group zeroes its own V half; fp8: the
 conversion writes zeros there.
 
+Out-of-range metadata (checked mode off): the semantics of the portable kernel (its module
+docstring). A page index outside the cache cannot fault here (the copy engine fills an
+out-of-bounds box with zeros), but it must not pass silently: each consumer group checks the
+table entries of its split's keys ``[split_start, min(split_end, req_lim))`` itself (one
+vectorized load per 128 pages, before its first wait, so it overlaps the Q copy; a flag
+handed over by the producer warp would need its own barrier) and a marked request gets NaN in
+o and lse (the split's partials, which the portable stage 2 turns into NaN rows). A length past
+the block table (``kv_capacity``) is clamped in ``_work``, so the producer never reads the
+table past the request's row, and marks the request.
+
 Register budget: 232 per consumer thread, 24 for the producer (``setmaxnreg``; the first
 consumer group is the default partition and keeps the parent's 248). Descriptors of shared
 tiles that do not change across the block loop are indexed with an opaque zero so that the
@@ -81,7 +91,7 @@ def _local(n, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
 
 
 @gluon.jit
-def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX: gl.constexpr,
+def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX: gl.constexpr,
           HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr,
           BLOCK_N: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
     """This CTA's work item, from its program id. Every partition computes it itself (scalar
@@ -107,6 +117,12 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX: gl.const
     min_lim = _local(_row_limit(tok0, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
     max_lim = _local(_row_limit(tok_last, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
     local_len = _local(seq_len, cp_rank, CP_WORLD, CP_INTERLEAVE)
+    # A (local) length past the block table is clamped to it (no table read leaves the
+    # request's row) and marks the request, as does a negative one.
+    len_bad = (seq_len < 0) | (local_len > kv_capacity)
+    local_len = gl.minimum(local_len, kv_capacity)
+    # The keys of the request's last row: the table entries the whole request reads.
+    req_lim = _local(_row_limit(qlen - 1, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
     # Split s covers [s * chunk, min((s + 1) * chunk, L)), as in the portable kernel.
     chunk = gl.maximum(gl.cdiv(local_len, num_kv_splits), MIN_SPLIT_LEN)
     chunk = gl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
@@ -115,20 +131,44 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX: gl.const
     kv_end = gl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
     full_end = gl.minimum(split_end, min_lim)  # every valid row sees every key below this
     n_blocks = gl.cdiv(gl.maximum(kv_end - split_start, 0), BLOCK_N)
-    return pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks
+    return (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+            split_end, req_lim, len_bad)
+
+
+@gluon.jit
+def _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad, page_size,
+                    num_pages, NW: gl.constexpr):
+    """Whether this CTA's request is marked (o, lse := NaN): a bad length, or a table entry of
+    the split's keys ``[split_start, min(split_end, req_lim))`` outside ``[0, num_pages)``
+    (one unsigned compare: a negative index is huge as uint32). Every row block of the request reads the
+    same entries, so all of them agree; ``NW`` warps of the calling partition."""
+    # 128 entries per load, 4 contiguous per lane, every warp holding all of them: the reduction
+    # stays inside a warp (no shared memory, no barrier between the partition's warps).
+    PAGES_L: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
+    W: gl.constexpr = 128
+    req_row = pid_b.to(gl.int64) * stride_req_b
+    pg_end = gl.cdiv(gl.minimum(split_end, req_lim), page_size)
+    marked = len_bad
+    for j0 in range(split_start // page_size, pg_end, W):
+        offs = j0 + gl.arange(0, W, layout=PAGES_L)
+        pages = gl.load(Req_to_Token + req_row + offs, mask=offs < pg_end, other=0)
+        outside = pages.to(gl.uint32, bitcast=True) >= num_pages.to(gl.uint32)
+        marked = marked | (gl.max(outside.to(gl.int32), axis=0) > 0)
+    return marked
 
 
 @gluon.jit
 def _producer(q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
               Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-              SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
+              kv_capacity, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_STAGES: gl.constexpr, N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
               CP_INTERLEAVE: gl.constexpr):
     """1 warp: the Q tile once, then the KV blocks of the split through the ring."""
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
-    pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
     # Nothing is loaded for an empty work item, so no copy can outlive the CTA.
     if n_blocks > 0:
@@ -165,6 +205,7 @@ def _convert_tile(src, dst, n_valid, row0: gl.constexpr, ROWS: gl.constexpr, LAY
 @gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
               Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
+              Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
               stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
               TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
               MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
@@ -187,8 +228,9 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
     else:
         CDT: gl.constexpr = gl.bfloat16
 
-    pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
     rows = gl.arange(0, _BM, layout=ROW)
     tok = tok0 + rows // HEAD_BOX  # verify token of each row, in the request
@@ -197,6 +239,9 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
     lim = _local(_row_limit(tok, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
     lim = gl.where(row_valid, lim, max_lim)
     lim = gl.minimum(lim, kv_end)  # [64]: also ends at the split end
+    # Issued before the first wait: its table reads overlap the Q copy.
+    marked = _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad,
+                             page_size, num_pages, 4)
 
     mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
     if KV_FP8:
@@ -294,7 +339,7 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
 
     # k_scale dequantizes V too.
     _store_out(WG, acc0, acc1, acc2, acc3, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O),
-               k_scale, O, Lse, Mid, pid_b, pid_s, tok0, head0, qlen, stride_om, stride_oh, stride_lm,
+               k_scale, marked, O, Lse, Mid, pid_b, pid_s, tok0, head0, qlen, stride_om, stride_oh, stride_lm,
                stride_lh, stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, MMA_O)
 
 
@@ -319,7 +364,7 @@ def _k_tile(tiles, idx, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr):
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                               "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
-                              "page_size", "cp_rank"])
+                              "page_size", "num_pages", "kv_capacity", "cp_rank"])
 def _verify_stage1_ws(
     q_desc,  # [B*qlen, H, Lk] bf16, boxes [TOK_BOX, HEAD_BOX, 64]
     k_desc,  # [num_pages, PAGE_SIZE, Lk] cache (bf16 or fp8 e4m3), boxes [1, BLOCK_N, 64]
@@ -333,6 +378,8 @@ def _verify_stage1_ws(
     K_Scale,  # [] fp32
     stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
     num_kv_splits, qlen, num_heads, page_size,
+    num_pages,  # pages in the cache (a table entry outside [0, num_pages) marks its request)
+    kv_capacity,  # max_pages * page_size (0 for an empty cache): longer (local) lengths are clamped
     cp_rank,  # CP_WORLD > 1: this rank (context parallelism); None otherwise (a constexpr None)
     LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
@@ -373,18 +420,20 @@ def _verify_stage1_ws(
     gl.warp_specialize([
         (_consumer, (0, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
                      Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
-                     stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+                     Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
+              stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                      NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE)),
         (_consumer, (1, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
                      Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
-                     stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+                     Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
+              stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                      NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE)),
         (_producer, (q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
-                     page_size, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT, cp_rank, CP_WORLD,
-                     CP_INTERLEAVE)),
+                     page_size, kv_capacity, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT, cp_rank,
+                     CP_WORLD, CP_INTERLEAVE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(conv_done)
@@ -419,14 +468,15 @@ def _verify_stage1_ws(
 @gluon.jit
 def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
                   Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                  SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
+                  kv_capacity, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                   N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
     """1 warp: Q (tiles 0-7 to ``q_smem``, the rope tile to ``sp_smem[1]``), then each block
     into stage ``i % 2`` by halves, the owner's half first (it is freed first)."""
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
-    pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
     if n_blocks > 0:
         q_tok = pid_b * qlen + tok0
@@ -536,7 +586,8 @@ def _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, jp, l_i, acc0, acc1, acc2, 
 def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem,
                   q_bar, ready, empty, p_ready, p_free, l_bar,
                   Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads,
-                  stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+                  Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
+              stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                   TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
                   LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr, cp_rank,
@@ -551,8 +602,9 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
     V_TILES: gl.constexpr = LV // _DT // 2
     V0: gl.constexpr = WG * V_TILES
 
-    pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
     rows = gl.arange(0, _BM, layout=ROW)
     tok = tok0 + rows // HEAD_BOX
@@ -560,6 +612,9 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
     lim = _local(_row_limit(tok, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
     lim = gl.where(row_valid, lim, max_lim)
     lim = gl.minimum(lim, kv_end)
+    # Issued before the first wait: its table reads overlap the Q copy.
+    marked = _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad,
+                             page_size, num_pages, 4)
 
     mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
     q_rope = sp_smem.index(1).load(OP_A)  # [64, 64] bf16, the A operand of the rope wgmma
@@ -662,23 +717,25 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
     mbarrier.wait(l_bar, 0)
     l_i = l_i + sl_smem.index(1 - WG).load(ROW)
     m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
-    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, 1.0, O, Lse, Mid, pid_b, pid_s, tok0, head0, qlen,
+    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, 1.0, marked, O, Lse, Mid, pid_b, pid_s, tok0, head0, qlen,
                stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                HEAD_BOX, LV, SINGLE, MMA)
 
 
 @gluon.jit
-def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, O, Lse, Mid, pid_b, pid_s,
+def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, pid_b, pid_s,
                tok0, head0, qlen, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
                MMA: gl.constexpr):
     """o (or the split's partial o and its lse) of this group's columns from the accumulators:
-    rows that saw no key get o = 0 and lse = -inf."""
+    rows that saw no key get o = 0 and lse = -inf; a marked request NaN in both."""
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     has_key = l_i > 0.0
-    inv_l = gl.where(has_key, v_scale / gl.where(has_key, l_i, 1.0), 0.0)[:, None]
+    inv_l = gl.where(has_key, v_scale / gl.where(has_key, l_i, 1.0), 0.0)
+    inv_l = gl.where(marked, float("nan"), inv_l)[:, None]
     lse = gl.where(has_key, (m_i + gl.log2(gl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
+    lse = gl.where(marked, float("nan"), lse)
     rows = gl.arange(0, _BM, layout=ROW)
     tok = tok0 + rows // HEAD_BOX
     head = head0 + rows % HEAD_BOX
@@ -709,11 +766,11 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, O, L
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                               "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
-                              "page_size", "cp_rank"])
+                              "page_size", "num_pages", "kv_capacity", "cp_rank"])
 def _verify_stage1_alt(
     q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse, K_Scale,
     stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
-    num_kv_splits, qlen, num_heads, page_size, cp_rank,
+    num_kv_splits, qlen, num_heads, page_size, num_pages, kv_capacity, cp_rank,
     LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, QK_FIRST: gl.constexpr = False,
@@ -755,17 +812,20 @@ def _verify_stage1_alt(
     gl.warp_specialize([
         (_consumer_alt, (0, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
                          p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
-                         qlen, num_heads, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                         qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
+                         stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                          N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE)),
         (_consumer_alt, (1, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
                          p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
-                         qlen, num_heads, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                         qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
+                         stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                          N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE)),
         (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
                          Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                         SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE)),
+                         kv_capacity, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
+                         CP_INTERLEAVE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)

@@ -23,7 +23,7 @@ import torch
 
 from ..fastpath import launch
 from ..gluon_support import descriptor, gl, load_kernels, sm90_reason
-from ..host import cdiv
+from ..host import cache_bounds, cdiv
 
 __all__ = [
     "GLUON_DEFAULT_CONFIG",
@@ -165,6 +165,8 @@ def gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg) -> str | None:
         return "cache base / strides not 16-byte aligned (TMA)"
     if k_buffer.dim() == 3 and k_buffer.shape[0] % page_size:
         return "3-D cache rows not a multiple of page_size"
+    if _cache_geometry(k_buffer, page_size)[0] == 0:
+        return "the cache has no pages (a TMA descriptor needs one)"
     return None
 
 
@@ -192,6 +194,10 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     tensor (1.0 for a bf16 cache); ``cfg`` the keys of :data:`GLUON_DEFAULT_CONFIG`;
     ``cp_*``: this launch is rank ``cp_rank`` of a context-parallel step (global lengths, the
     rank's local cache and block table), as in the portable kernel.
+
+    Out-of-range metadata is marked as in the portable kernel (``kernels.py``'s docstring): a
+    request with a page index outside the cache among the keys it reads, or a length past
+    its block table (or negative), gets NaN in ``o`` / ``lse`` (in its split partials).
     """
     c = {**GLUON_DEFAULT_CONFIG, **(cfg or {})}
     batch = q.shape[0] // qlen
@@ -204,6 +210,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     else:
         mid_t, mid_strides = mid, tuple(mid.stride()[:3])
     q_desc, k_desc = _descriptors(q, k_buffer, page_size, c["BLOCK_N"])
+    num_pages, kv_capacity = cache_bounds(k_buffer, req_to_token, page_size)
     grid = (gluon_row_blocks(qlen, num_heads) * batch * num_kv_splits,)
     fp8 = k_buffer.dtype == torch.float8_e4m3fn
     kernel = _gk._verify_stage1_alt if (c["SCHEDULE"] == "alt" and not fp8) else _gk._verify_stage1_ws
@@ -212,7 +219,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         q_desc, k_desc, float(sm_scale) * _LOG2E, req_to_token, seq_lens,
         real_lens if has_real else seq_lens, mid_t, o, lse, k_scale,
         req_to_token.stride(0), *mid_strides, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        num_kv_splits, qlen, num_heads, page_size,
+        num_kv_splits, qlen, num_heads, page_size, num_pages, kv_capacity,
         cp_rank if cp_world > 1 else None,  # None: a constexpr, the single-GPU kernel itself
         LV=Lv, LK=q.shape[-1], BLOCK_N=c["BLOCK_N"], NUM_STAGES=c["NUM_STAGES"],
         SPLIT_ALIGN=c["SPLIT_ALIGN"], MIN_SPLIT_LEN=c["MIN_SPLIT_LEN"], SINGLE=single,

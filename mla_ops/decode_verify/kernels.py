@@ -23,6 +23,22 @@ over rank ``cp_rank``'s shard. Lengths come in global, the block table is the ra
 program turns the row limits and the request length into local ones (``_cp_local_len``), and
 everything after that (splits, masks, table reads) is the single-GPU code on local positions.
 ``CP_WORLD == 1`` (``cp_rank`` None) compiles to exactly the single-GPU kernel.
+
+Out-of-range metadata (checked mode off, nothing validated on the host): every page index read
+from the block table is clamped into ``[0, num_pages)`` before it forms an address (an index
+outside reads page ``num_pages - 1``), and a length past the block table
+(``seq_len > kv_capacity``, local under context parallelism) is clamped to it, so no input
+makes an address outside the cache or the table. Such a request is *marked*: every row gets
+``o = NaN`` and ``lse = NaN``. It is marked when ``seq_len < 0``, when
+``seq_len > kv_capacity``, or when a page index its keys ``[0, min(seq_len, real_len))`` map to
+is outside the cache (pages only a length past ``real_len`` would touch are never read and
+never mark). The block loops pay one unsigned min (the clamp: a negative index is huge as
+uint32) and one unsigned max (the running largest index, compared with ``num_pages`` once
+after the loops) per index they load anyway. Before the loops each program also checks the
+table entries of its split that only later rows of the request read (rarely any), so every row
+block agrees. Split partials carry the mark as NaN, and stage 2 merges the lse of all the
+request's splits, so a NaN partial makes the row's sum NaN, which it turns into NaN rows
+explicitly (its ``has_key`` test would read a NaN sum as "no key").
 """
 
 import triton
@@ -54,11 +70,23 @@ def _cp_local_len(n, cp_rank, CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexp
 
 
 @triton.jit
+def _page_in_cache(page, num_pages):
+    """``(page clamped into [0, num_pages), the index as uint32)``, any shape. As unsigned, a
+    negative index is huge, so one unsigned min clamps both ends (to ``num_pages - 1``); the
+    caller keeps the running unsigned max of the raw indices, and the request is marked when
+    it reaches ``num_pages`` (module docstring): one min and one max per index read."""
+    raw = page.to(tl.uint32, bitcast=True)
+    return tl.minimum(raw, num_pages.to(tl.uint32) - 1), raw
+
+
+@triton.jit
 def _kv_offsets(
-    Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage, stride_ktok,
+    Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage, stride_ktok, num_pages,
     PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, MASKED: tl.constexpr,
 ):
-    """int64 element offsets ``[BLOCK_N]`` of the tokens ``offs_n`` of one request in the cache.
+    """int64 element offsets ``[BLOCK_N]`` of the tokens ``offs_n`` of one request in the cache,
+    and the page indices read, as uint32 (scalar with ONE_PAGE, else ``[BLOCK_N]``; see
+    ``_page_in_cache``).
 
     Page offsets are int64 because a cross-layer cache view has page strides of
     ``layers * page_size * Lk`` elements, past int32 in big caches.
@@ -66,15 +94,16 @@ def _kv_offsets(
     tok_off = (offs_n % PAGE_SIZE).to(tl.int64) * stride_ktok  # [BLOCK_N]
     if ONE_PAGE:
         # The whole KV block lies in one page (start_n < kv_end <= L): one table read.
-        page = tl.load(Req_to_Token + req_row + start_n // PAGE_SIZE)
-        return page.to(tl.int64) * stride_kpage + tok_off
+        page, raw = _page_in_cache(tl.load(Req_to_Token + req_row + start_n // PAGE_SIZE), num_pages)
+        return page.to(tl.int64) * stride_kpage + tok_off, raw
     else:
         if MASKED:
             # Table entries past the split end may not exist: read page 0 there (loads masked).
             pages = tl.load(Req_to_Token + req_row + offs_n // PAGE_SIZE, mask=load_mask, other=0)
         else:
             pages = tl.load(Req_to_Token + req_row + offs_n // PAGE_SIZE)
-        return pages.to(tl.int64) * stride_kpage + tok_off
+        pages, raw = _page_in_cache(pages, num_pages)
+        return pages.to(tl.int64) * stride_kpage + tok_off, raw
 
 
 @triton.jit
@@ -123,7 +152,7 @@ def _attend_block(
     acc0, acc1, m_i, l_i,
     q0, q1, q_pe,
     K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end, row_lim,
-    stride_kpage, stride_ktok, qk_scale,
+    stride_kpage, stride_ktok, qk_scale, num_pages,
     BLOCK_N: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DPE: tl.constexpr,
     PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, QSPLIT: tl.constexpr, MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SWAP_AB: tl.constexpr, USE_TMA: tl.constexpr,
@@ -144,6 +173,9 @@ def _attend_block(
     tokens of a page past ``kv_end`` are inside the descriptor's bounds and may hold NaN, and
     zeroing them would take the tile through registers, so the tail blocks keep the masked
     pointer loads.
+
+    Also returns the block's raw page indices as uint32 (clamped for the loads: see
+    ``_page_in_cache``).
     """
     KEY_AX: tl.constexpr = 1 - SWAP_AB  # axis of the scores along which keys run
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -156,14 +188,14 @@ def _attend_block(
         offs_d = tl.arange(0, BLOCK_DMODEL)
     TMA_HERE: tl.constexpr = USE_TMA and not MASKED
     if TMA_HERE:
-        page = tl.load(Req_to_Token + req_row + start_n // PAGE_SIZE)
+        page, raw = _page_in_cache(tl.load(Req_to_Token + req_row + start_n // PAGE_SIZE), num_pages)
         tok0 = start_n % PAGE_SIZE
         k0 = K_Desc.load([page, tok0, 0]).reshape(BLOCK_N, D0)
         kv_off = offs_n  # unused
         p_k0 = K_Buffer  # unused
     else:
-        kv_off = _kv_offsets(Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage,
-                             stride_ktok, PAGE_SIZE, ONE_PAGE, MASKED)  # [BLOCK_N] int64
+        kv_off, raw = _kv_offsets(Req_to_Token, req_row, start_n, offs_n, load_mask, stride_kpage,
+                                  stride_ktok, num_pages, PAGE_SIZE, ONE_PAGE, MASKED)  # [BLOCK_N] int64
         p_k0 = K_Buffer + kv_off[:, None] + offs_d[None, :]
         k0 = _load_tile(p_k0, load_mask[:, None], MASKED)  # [BLOCK_N, D0]
     if not SWAP_AB:
@@ -225,7 +257,7 @@ def _attend_block(
             # Read after the first half's dot, so that only one converted half is live.
             v1 = _load_tile(p_v0 + HALF, load_mask[None, :], MASKED)  # [HALF, BLOCK_N]
         acc1 = _value_dot(p, v1, acc1 * alpha_acc, SWAP_AB, V_T, DOT_PRECISION)  # [BLOCK_H, HALF]
-    return acc0, acc1, m_new, l_i
+    return acc0, acc1, m_new, l_i, raw
 
 
 @triton.jit
@@ -233,6 +265,7 @@ def _stage1_program(
     pid, Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse,
     stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok, stride_mid_m, stride_mid_h,
     stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh, K_Scale, batch, num_kv_splits,
+    num_pages, kv_capacity,
     QLEN: tl.constexpr, NUM_HEADS: tl.constexpr, HAS_REAL: tl.constexpr, BLOCK_DMODEL: tl.constexpr,
     BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr, MIN_SPLIT_LEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
@@ -264,11 +297,19 @@ def _stage1_program(
     head = offs_r % NUM_HEADS
     row_lim = tl.minimum(seq_len - QLEN + 1 + tok, real_len)
     row_lim = tl.where(row_valid, tl.maximum(row_lim, 0), 0)  # [BLOCK_H]
+    # The keys the request's last row sees: the table entries the whole request reads.
+    req_lim = tl.maximum(tl.minimum(seq_len, real_len), 0)
+    marked = seq_len < 0
     if CP_WORLD > 1:
         # Global limits and length -> this rank's: a row's keys are a prefix of the local cache,
         # and the splits cut the local length. Everything below is in local positions.
         row_lim = _cp_local_len(row_lim, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        req_lim = _cp_local_len(req_lim, cp_rank, CP_WORLD, CP_INTERLEAVE)
         seq_len = _cp_local_len(seq_len, cp_rank, CP_WORLD, CP_INTERLEAVE)
+    # A length past the block table (kv_capacity: 0 for an empty cache) is clamped to it and
+    # marks the request; kv_end below never passes it, so no table read leaves the row.
+    marked = marked | (seq_len > kv_capacity)
+    seq_len = tl.minimum(seq_len, kv_capacity)
     min_lim = tl.min(tl.where(row_valid, row_lim, 2147483647), axis=0)
     max_lim = tl.max(row_lim, axis=0)
 
@@ -280,6 +321,21 @@ def _stage1_program(
     kv_end = tl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
     full_end = tl.minimum(split_end, min_lim)  # every row of the tile sees keys below this
     full_end = split_start + tl.maximum(full_end - split_start, 0) // BLOCK_N * BLOCK_N
+
+    # The table entries of this split that the block loops below do not read but later rows
+    # of the request do (pages of keys [kv_end, min(split_end, req_lim)) not holding a key
+    # below kv_end: none for the request's last row block, and for the others none unless
+    # kv_end falls on a page boundary, or pages are shorter than qlen), so that every row
+    # block of the request marks it alike. Checked first, while nothing else is live: only a
+    # flag is carried through the loops.
+    req_row = pid_b.to(tl.int64) * stride_req_b
+    EXTRA: tl.constexpr = 16
+    pg_lo = tl.where(kv_end > split_start, tl.cdiv(kv_end, PAGE_SIZE), split_start // PAGE_SIZE)
+    pg_end = tl.cdiv(tl.minimum(split_end, req_lim), PAGE_SIZE)
+    for j0 in range(pg_lo, pg_end, EXTRA):
+        offs_j = j0 + tl.arange(0, EXTRA)
+        pages = tl.load(Req_to_Token + req_row + offs_j, mask=offs_j < pg_end, other=0)
+        marked = marked | (tl.max(pages.to(tl.uint32, bitcast=True), axis=0) >= num_pages.to(tl.uint32))
 
     # Queries of the tile, kept for the whole pass.
     q_row = (pid_b * QLEN + tok).to(tl.int64)
@@ -322,33 +378,46 @@ def _stage1_program(
 
     k_scale = tl.load(K_Scale)
     qk_scale = qk_scale * k_scale  # scores of a dequantized cache: q . (k * k_scale)
-    req_row = pid_b.to(tl.int64) * stride_req_b
     # A KV block never straddles a page when pages and split starts are multiples of it.
     ONE_PAGE: tl.constexpr = (PAGE_SIZE % BLOCK_N == 0) and (SPLIT_ALIGN % BLOCK_N == 0)
+    # The largest page index read, as uint32 (a negative one is huge): a running max per block
+    # (a scalar with ONE_PAGE, else per token of the block), reduced once after the loops.
+    if ONE_PAGE:
+        page_max = tl.zeros([], dtype=tl.uint32)
+    else:
+        page_max = tl.zeros([BLOCK_N], dtype=tl.uint32)
 
     # Blocks below every row's limit: no masks.
     for start_n in range(split_start, full_end, BLOCK_N):
-        acc0, acc1, m_i, l_i = _attend_block(
+        acc0, acc1, m_i, l_i, raw = _attend_block(
             acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end,
-            row_lim, stride_kpage, stride_ktok, qk_scale,
+            row_lim, stride_kpage, stride_ktok, qk_scale, num_pages,
             BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, False, DOT_PRECISION, SWAP_AB,
             USE_TMA,
         )
+        page_max = tl.maximum(page_max, raw)
     # The tail where rows' limits (or the split end) fall: loads bounded by kv_end, scores by
     # each row's limit.
     row_lim_split = tl.minimum(row_lim, kv_end)
     for start_n in range(full_end, kv_end, BLOCK_N):
-        acc0, acc1, m_i, l_i = _attend_block(
+        acc0, acc1, m_i, l_i, raw = _attend_block(
             acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end,
-            row_lim_split, stride_kpage, stride_ktok, qk_scale,
+            row_lim_split, stride_kpage, stride_ktok, qk_scale, num_pages,
             BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, True, DOT_PRECISION, SWAP_AB,
             USE_TMA,
         )
+        page_max = tl.maximum(page_max, raw)
+    if not ONE_PAGE:
+        page_max = tl.max(page_max, axis=0)
+    marked = marked | (page_max >= num_pages.to(tl.uint32))
 
     # Rows that saw no key (lim == 0, or nothing of theirs in this split): o = 0, lse = -inf.
+    # A marked request: o = NaN and lse = NaN in every row.
     has_key = l_i > 0.0
     inv_l = tl.where(has_key, k_scale / tl.where(has_key, l_i, 1.0), 0.0)  # V dequantized too
+    inv_l = tl.where(marked, float("nan"), inv_l)
     lse = tl.where(has_key, (m_i + tl.math.log2(tl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
+    lse = tl.where(marked, float("nan"), lse)
     if SWAP_AB:
         # Back to [BLOCK_H, D] rows for the shared store paths.
         acc0 = tl.trans(acc0)
@@ -372,7 +441,7 @@ def _stage1_program(
 
 
 @triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "batch", "num_kv_splits",
-                               "cp_rank"])
+                               "num_pages", "kv_capacity", "cp_rank"])
 def _fwd_verify_stage1(
     Q,  # [B*qlen, H, Lk]
     K_Buffer,  # paged latent cache, element offsets computed from the page / token strides
@@ -400,6 +469,8 @@ def _fwd_verify_stage1(
     K_Scale,  # [] fp32
     batch,
     num_kv_splits,
+    num_pages,  # pages in the cache: page indices are clamped into [0, num_pages)
+    kv_capacity,  # max_pages * PAGE_SIZE (0 for an empty cache): longer (local) lengths are clamped
     cp_rank,  # CP_WORLD > 1: this rank; None otherwise (a constexpr None: not a kernel argument)
     QLEN: tl.constexpr,
     NUM_HEADS: tl.constexpr,
@@ -435,7 +506,8 @@ def _fwd_verify_stage1(
                 pid, Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens,
                 Mid, O, Lse, stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok,
                 stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm,
-                stride_lh, K_Scale, batch, num_kv_splits, QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL,
+                stride_lh, K_Scale, batch, num_kv_splits, num_pages, kv_capacity, QLEN, NUM_HEADS,
+                HAS_REAL, BLOCK_DMODEL,
                 BLOCK_DPE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE,
                 DOT_PRECISION, FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE,
             )
@@ -444,14 +516,15 @@ def _fwd_verify_stage1(
             tl.program_id(0), Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens,
             Real_Lens, Mid, O, Lse, stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok,
             stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
-            K_Scale, batch, num_kv_splits, QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL, BLOCK_DPE,
+            K_Scale, batch, num_kv_splits, num_pages, kv_capacity, QLEN, NUM_HEADS, HAS_REAL,
+            BLOCK_DMODEL, BLOCK_DPE,
             BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE, DOT_PRECISION,
             FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE,
         )
 
 
 @triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits",
-                               "cp_rank"])
+                               "kv_capacity", "cp_rank"])
 def _fwd_verify_stage2(
     Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32
     O,  # [B*qlen, H, Lv]
@@ -466,6 +539,7 @@ def _fwd_verify_stage2(
     stride_lm,
     stride_lh,
     num_kv_splits,
+    kv_capacity,  # as in stage 1
     cp_rank,  # as in stage 1
     QLEN: tl.constexpr,
     HAS_REAL: tl.constexpr,
@@ -493,13 +567,21 @@ def _fwd_verify_stage2(
     else:
         real_len = seq_len
     lim = tl.maximum(tl.minimum(seq_len - QLEN + 1 + tok, real_len), 0)
-    if CP_WORLD > 1:  # local limit and length, as in stage 1
+    req_lim = tl.maximum(tl.minimum(seq_len, real_len), 0)  # the request's last row's limit
+    len_bad = seq_len < 0
+    if CP_WORLD > 1:  # local limits and length, as in stage 1
         lim = _cp_local_len(lim, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        req_lim = _cp_local_len(req_lim, cp_rank, CP_WORLD, CP_INTERLEAVE)
         seq_len = _cp_local_len(seq_len, cp_rank, CP_WORLD, CP_INTERLEAVE)
-    # Same chunking as stage 1; only the splits starting below the row's limit exist.
+    # A length past the block table: clamped and marked, as in stage 1.
+    len_bad = len_bad | (seq_len > kv_capacity)
+    seq_len = tl.minimum(seq_len, kv_capacity)
+    # Same chunking as stage 1; the row's splits are those starting below its limit, the
+    # request's those starting below its last row's.
     chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
     chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
     n_splits = tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
+    n_req = tl.minimum(tl.cdiv(req_lim, chunk), num_kv_splits)
 
     offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
     mask_d = offs_d < Lv
@@ -507,22 +589,33 @@ def _fwd_verify_stage2(
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    for s0 in range(0, n_splits, BLOCK_S):
+    for s0 in range(0, n_req, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
+        # The lse of every split of the request is merged: stage 1 writes each (row, split)
+        # entry, -inf where the row has no key in the split (weight 0, o 0: not loaded), NaN
+        # for a marked request. Only the row's own splits' o is loaded.
+        lse_s = tl.load(p_mid + offs_s * stride_mid_s + Lv, mask=offs_s < n_req,
+                        other=float("-inf"))  # [BLOCK_S]
         mask_s = offs_s < n_splits
-        # Every existing split holds at least one key, so its lse is finite.
-        lse_s = tl.load(p_mid + offs_s * stride_mid_s + Lv, mask=mask_s, other=float("-inf"))  # [BLOCK_S]
         o_s = tl.load(p_mid + offs_s[:, None] * stride_mid_s + offs_d[None, :],
                       mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_DV]
         m_new = tl.maximum(m_i, tl.max(lse_s, axis=0))
-        alpha = tl.exp(m_i - m_new)
-        w = tl.exp(lse_s - m_new)  # [BLOCK_S]
+        # -inf while the row has no key yet (its later splits only): keeps NaN out of alpha.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        w = tl.exp(lse_s - m_safe)  # [BLOCK_S]; NaN for a NaN partial, whatever max did
         acc = acc * alpha + tl.sum(w[:, None] * o_s, axis=0)
         l_i = l_i * alpha + tl.sum(w, axis=0)
         m_i = m_new
     has_key = l_i > 0.0
     out = tl.where(has_key, acc / tl.where(has_key, l_i, 1.0), 0.0)
     lse = tl.where(has_key, m_i + tl.log(tl.where(has_key, l_i, 1.0)), float("-inf"))
+    # A marked request: a NaN partial in any of the request's splits made l NaN (exp and sum
+    # keep it, whether or not max dropped it), or a bad length. Explicitly NaN: the has_key
+    # test above turns a NaN l into o = 0, lse = -inf.
+    marked = len_bad | (l_i != l_i)
+    out = tl.where(marked, float("nan"), out)
+    lse = tl.where(marked, float("nan"), lse)
     tl.store(O + pid_m.to(tl.int64) * stride_om + pid_h * stride_oh + offs_d,
              out.to(O.dtype.element_ty), mask=mask_d)
     if pid_d == 0:

@@ -22,7 +22,7 @@ except ImportError:
 
 from .. import checked, platform, spec
 from ..fastpath import launch, persistent, recorded
-from ..host import cdiv, device_guard, next_power_of_2, public_launcher
+from ..host import cache_bounds, cdiv, device_guard, next_power_of_2, public_launcher
 from ..reference import FP8_DTYPES
 from . import kernels
 from .configs import GLUON_FAMILY_CONFIG, HIP_LAUNCH_KEYS, select_verify_config
@@ -163,6 +163,8 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
     if k_buffer.data_ptr() % 16 or (stride_kpage * esize) % 16 or (stride_ktok * esize) % 16:
         return None, None
     num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
+    if num_pages == 0:  # nothing to describe (and no key is read: see host.cache_bounds)
+        return None, None
     shape = [num_pages, page_size, Lk]
     strides = [stride_kpage, stride_ktok, 1]
     return (TensorDescriptor(k_buffer, shape, strides, [1, block_n, d0]),
@@ -249,6 +251,13 @@ def decode_attention_fwd_verify(
             keys), to be merged across ranks by LSE (``mla_ops.context_parallel``). The split
             cap applies to the local length. ``cp_world == 1`` is the single-GPU kernel.
         config: keyword-only overrides of the selected launch config (benchmarks, sweeps).
+
+    Metadata only the data can show wrong is validated by checked mode (``mla_ops.checked``).
+    With it off, nothing faults and nothing passes silently: page indices are clamped into the
+    cache and lengths into the block table before they form an address, and a request with a
+    page index outside ``[0, num_pages)`` among the keys it reads (``[0, min(L, L_real))``), a
+    length past ``max_pages * page_size`` or a negative length gets ``o = NaN`` and
+    ``lse = NaN`` in all its rows; the other requests are unaffected.
     """
     args = (q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
             attn_logits, num_kv_splits, sm_scale, page_size, k_scale, cp_world, cp_rank,
@@ -294,13 +303,15 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     # shares one binary (cp_rank is not specialized).
     cp_rank_arg = cp_rank if cp_world > 1 else None
     cp = {"CP_WORLD": cp_world, "CP_INTERLEAVE": cp_interleave if cp_world > 1 else 1}
+    num_pages, kv_capacity = cache_bounds(k_buffer, req_to_token, page_size)
     if cfg["family"] == "gluon":
         launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
                                    o, lse, attn_logits, qlen, num_kv_splits, sm_scale, page_size,
                                    Lv, cfg, cp_world, cp_rank, cp_interleave)
         if not single:
             _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides,
-                           qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, False, **cp)
+                           qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, False, kv_capacity,
+                           **cp)
         return
     stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
     launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
@@ -321,7 +332,7 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        k_scale, batch, num_kv_splits, cp_rank_arg,
+        k_scale, batch, num_kv_splits, num_pages, kv_capacity, cp_rank_arg,
         QLEN=qlen,
         NUM_HEADS=num_heads,
         HAS_REAL=has_real,
@@ -346,13 +357,14 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     if single:
         return
     _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
-                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, **cp)
+                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity, **cp)
 
 
 def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
-                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, CP_WORLD=1,
-                   CP_INTERLEAVE=1):
-    """The split merge (portable Triton), with the chunking of the config stage 1 ran."""
+                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity,
+                   CP_WORLD=1, CP_INTERLEAVE=1):
+    """The split merge (portable Triton), with the chunking of the config stage 1 ran and the
+    ``kv_capacity`` of :func:`cache_bounds` (lengths past it are clamped and marked alike)."""
     block_dv = next_power_of_2(Lv)
     if cfg["S2_BLOCK_DV"]:
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
@@ -360,7 +372,7 @@ def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strid
         attn_logits, o, lse, seq_lens, real,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        num_kv_splits, cp_rank_arg,
+        num_kv_splits, kv_capacity, cp_rank_arg,
         QLEN=qlen,
         HAS_REAL=has_real,
         SPLIT_ALIGN=cfg["SPLIT_ALIGN"],

@@ -106,7 +106,8 @@ class VerifyPlan:
 
     def run(self, q, kv_cache, o, lse, block_table, seq_lens, *, real_seq_lens=None,
             k_scale=None, sm_scale: float) -> None:
-        """``torch.ops.mla.decode_verify`` with this plan's split cap and workspace.
+        """``torch.ops.mla.decode_verify`` with this plan's split cap and workspace (bad
+        metadata: as ``decode_attention_fwd_verify`` says, NaN rows for the request).
 
         Args: q ``[B*qlen, H, Lk]`` (B <= the plan's batch, in its config bucket), kv_cache
         ``[num_pages, page_size, 1, Lk]`` (or 3-D), o ``[B*qlen, H, Lv]`` and lse ``[B*qlen, H]``

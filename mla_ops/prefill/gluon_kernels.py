@@ -50,6 +50,12 @@ copy engine's zeros past the tensor). Their scores are masked; before the P.V wg
 block, each group zeroes the V rows past the sequence end in shared memory (0 * NaN is NaN, so
 garbage in the gaps of a packed batch must not reach the accumulator).
 
+**Out-of-range metadata** (checked mode off): as in the portable kernel (its module docstring).
+``_tile`` clamps a sequence whose start or length is negative, or which ends past the
+``total_tokens`` packed tokens, into them (every partition computes the same clamped bounds) and
+marks it: its rows inside the packed tokens get ``o = NaN``. Rows from ``max_input_len`` on get
+NaN too; those past the grid's last row block are written NaN by that block's consumer groups.
+
 Register budget (``setmaxnreg``): ``CONSUMER_REGS`` for the second group, ``PRODUCER_REGS`` for
 the producer warp; the first group is the default partition and keeps what is left.
 """
@@ -71,33 +77,40 @@ _LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _tile(B_Start_Loc, B_Seq_Len, IS_CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
-    """This CTA's work: (head, seq_start, seq_len, m_start, n_blocks). Every partition computes
-    it from the kernel arguments (cheap scalars) instead of keeping the parent's values live."""
+def _tile(B_Start_Loc, B_Seq_Len, total_tokens, IS_CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+    """This CTA's work: (head, seq_start, seq_len, m_start, n_blocks, marked). Every partition
+    computes it from the kernel arguments (cheap scalars) instead of keeping the parent's values
+    live. The sequence is clamped into the packed tokens; ``marked``: it was not inside them."""
     pid_m = gl.program_id(0)
     head = gl.program_id(1)
     batch = gl.program_id(2)
     if IS_CAUSAL:
         # Tiles at the end of a sequence see the most keys: start them first.
         pid_m = gl.num_programs(0) - 1 - pid_m
-    seq_len = gl.load(B_Seq_Len + batch).to(gl.int32)
-    seq_start = gl.load(B_Start_Loc + batch).to(gl.int32)
+    seq_start = gl.load(B_Start_Loc + batch).to(gl.int64)
+    seq_len = gl.load(B_Seq_Len + batch).to(gl.int64)
+    seq_end = seq_start + seq_len  # int64: start + len may pass int32
+    marked = (seq_start < 0) | (seq_len < 0) | (seq_end > total_tokens)
+    seq_start = gl.minimum(gl.maximum(seq_start, 0), total_tokens)
+    seq_len = (gl.minimum(gl.maximum(seq_end, seq_start), total_tokens) - seq_start).to(gl.int32)
+    seq_start = seq_start.to(gl.int32)
     m_start = pid_m * (2 * _BM)
     kv_hi = seq_len
     if IS_CAUSAL:
         kv_hi = gl.minimum(kv_hi, m_start + 2 * _BM)
     n_blocks = gl.where(m_start < seq_len, gl.cdiv(kv_hi, BLOCK_N), 0)
-    return head, seq_start, seq_len, m_start, n_blocks
+    return head, seq_start, seq_len, m_start, n_blocks, marked
 
 
 @gluon.jit
 def _producer(q_desc, qt_desc, k_desc, kt_desc, v_desc, vt_desc,
               q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem,
-              q_bar, k_ready, k_empty, v_ready, v_empty, B_Start_Loc, B_Seq_Len, kv_group,
+              q_bar, k_ready, k_empty, v_ready, v_empty, B_Start_Loc, B_Seq_Len, kv_group, total_tokens,
               BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, HAS_TAIL: gl.constexpr,
               NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """1 warp: the Q tile, then every K / V block of the CTA's key range through the ring."""
-    head, seq_start, seq_len, m_start, n_blocks = _tile(B_Start_Loc, B_Seq_Len, IS_CAUSAL, BLOCK_N)
+    head, seq_start, seq_len, m_start, n_blocks, marked = _tile(B_Start_Loc, B_Seq_Len, total_tokens,
+                                                                IS_CAUSAL, BLOCK_N)
     kv_head = head // kv_group
     # Bytes each barrier expects (a box past the tensor still counts whole: zeros are written).
     if HAS_TAIL:
@@ -291,8 +304,8 @@ def _step_simple(i, acc, acc_t, m_i, l_i, q, qt, rows, seq_len, qk_scale,
 @gluon.jit
 def _consumer(G: gl.constexpr, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem, p_smem, l_smem,
               q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-              O, Sinks, B_Start_Loc, B_Seq_Len, qk_scale, stride_ot, stride_oh,
-              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+              O, Sinks, B_Start_Loc, B_Seq_Len, qk_scale, stride_ot, stride_oh, total_tokens,
+              max_input_len, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               BLOCK_D_TAIL: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
               HAS_SINKS: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr,
               P_SMEM: gl.constexpr):
@@ -311,7 +324,8 @@ def _consumer(G: gl.constexpr, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem
     ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
     ROW_OT: gl.constexpr = gl.SliceLayout(1, MMA_OT)
 
-    head, seq_start, seq_len, m_start, n_blocks = _tile(B_Start_Loc, B_Seq_Len, IS_CAUSAL, BLOCK_N)
+    head, seq_start, seq_len, m_start, n_blocks, marked = _tile(B_Start_Loc, B_Seq_Len, total_tokens,
+                                                                IS_CAUSAL, BLOCK_N)
     row0 = m_start + G * _BM  # first query row of this group, in the sequence
     rows = row0 + gl.arange(0, _BM, layout=ROW_S)
     # Blocks [0, n_full) are seen whole by every row of the group; the rest need the mask.
@@ -401,6 +415,8 @@ def _consumer(G: gl.constexpr, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem
     rows_o = row0 + gl.arange(0, _BM, layout=ROW_O)
     ok = rows_o < seq_len
     inv_l = gl.convert_layout(1.0 / gl.where(l_i > 0.0, l_i, 1.0), ROW_O)
+    # A marked sequence, and rows from max_input_len on: NaN.
+    inv_l = gl.where(marked | (rows_o >= max_input_len), float("nan"), inv_l)
     tok = (seq_start + rows_o).to(gl.int64)
     p_o = O + tok[:, None] * stride_ot + head * stride_oh
     cols = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, MMA_O))
@@ -415,8 +431,26 @@ def _consumer(G: gl.constexpr, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem
                  (acc_t * inv_t[:, None]).to(O.dtype.element_ty),
                  mask=(rows_t < seq_len)[:, None] & (cols_t < HEAD_DIM)[None, :])
 
+    # A sequence longer than the grid reaches (max_input_len too small): the last row block's
+    # groups write NaN into its rows past the grid, 64 rows each per step (never taken for
+    # valid metadata).
+    if m_start + 2 * _BM == gl.num_programs(0) * (2 * _BM):
+        for r0 in range(m_start + 2 * _BM + G * _BM, seq_len, 2 * _BM):
+            rows_f = r0 + gl.arange(0, _BM, layout=ROW_O)
+            tok_f = (seq_start + rows_f).to(gl.int64)
+            gl.store(O + tok_f[:, None] * stride_ot + head * stride_oh + cols[None, :],
+                     gl.full([_BM, BLOCK_D], float("nan"), O.dtype.element_ty, MMA_O),
+                     mask=(rows_f < seq_len)[:, None] & (cols < HEAD_DIM)[None, :])
+            if HAS_TAIL:
+                rows_ft = r0 + gl.arange(0, _BM, layout=ROW_OT)
+                tok_ft = (seq_start + rows_ft).to(gl.int64)
+                cols_ft = BLOCK_D + gl.arange(0, BLOCK_D_TAIL, layout=gl.SliceLayout(0, MMA_OT))
+                gl.store(O + tok_ft[:, None] * stride_ot + head * stride_oh + cols_ft[None, :],
+                         gl.full([_BM, BLOCK_D_TAIL], float("nan"), O.dtype.element_ty, MMA_OT),
+                         mask=(rows_ft < seq_len)[:, None] & (cols_ft < HEAD_DIM)[None, :])
 
-@gluon.jit(do_not_specialize=["stride_ot", "stride_oh", "kv_group"])
+
+@gluon.jit(do_not_specialize=["stride_ot", "stride_oh", "kv_group", "total_tokens", "max_input_len"])
 def prefill_fwd_ws(
     q_desc,   # [total, Hq, D], boxes [64, 1, BLOCK_D]
     qt_desc,  # the same tensor, boxes [64, 1, BLOCK_D_TAIL] (q_desc when there is no tail)
@@ -429,12 +463,14 @@ def prefill_fwd_ws(
     B_Start_Loc, B_Seq_Len,  # [B] int32 / int64
     qk_scale,  # softmax_scale * log2(e)
     stride_ot, stride_oh, kv_group,
+    total_tokens,  # q's rows: sequences are clamped into them (and marked if they were not)
+    max_input_len,  # rows from it on are NaN (the grid covers cdiv(max_input_len, 128) tiles)
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, PIPELINE: gl.constexpr,
     PINGPONG: gl.constexpr, P_SMEM: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
 ):
-    """Encoder attention, grid ``(cdiv(max_len, 128), Hq, B)``; see the module docstring.
+    """Encoder attention, grid ``(max(cdiv(max_input_len, 128), 1), Hq, B)``; see the module docstring.
     Launched with ``num_warps=4`` (the first consumer group; the other group and the producer
     warp are warp-specialized workers)."""
     BLOCK_D: gl.constexpr = q_desc.block_type.shape[2]
@@ -480,18 +516,18 @@ def prefill_fwd_ws(
     gl.warp_specialize([
         (_consumer, (0, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem, p_smem, l_smem,
                      q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                     O, Sinks, B_Start_Loc, B_Seq_Len, qk_scale, stride_ot, stride_oh,
-                     HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, NUM_STAGES, IS_CAUSAL, HAS_SINKS,
-                     PIPELINE, PINGPONG, P_SMEM)),
+                     O, Sinks, B_Start_Loc, B_Seq_Len, qk_scale, stride_ot, stride_oh, total_tokens,
+                     max_input_len, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, NUM_STAGES, IS_CAUSAL,
+                     HAS_SINKS, PIPELINE, PINGPONG, P_SMEM)),
         (_consumer, (1, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem, p_smem, l_smem,
                      q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                     O, Sinks, B_Start_Loc, B_Seq_Len, qk_scale, stride_ot, stride_oh,
-                     HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, NUM_STAGES, IS_CAUSAL, HAS_SINKS,
-                     PIPELINE, PINGPONG, P_SMEM)),
+                     O, Sinks, B_Start_Loc, B_Seq_Len, qk_scale, stride_ot, stride_oh, total_tokens,
+                     max_input_len, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, NUM_STAGES, IS_CAUSAL,
+                     HAS_SINKS, PIPELINE, PINGPONG, P_SMEM)),
         (_producer, (q_desc, qt_desc, k_desc, kt_desc, v_desc, vt_desc,
                      q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem,
                      q_bar, k_ready, k_empty, v_ready, v_empty, B_Start_Loc, B_Seq_Len, kv_group,
-                     BLOCK_N, BLOCK_D, HAS_TAIL, NUM_STAGES, IS_CAUSAL)),
+                     total_tokens, BLOCK_N, BLOCK_D, HAS_TAIL, NUM_STAGES, IS_CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     for g in gl.static_range(2):

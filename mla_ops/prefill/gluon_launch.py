@@ -158,12 +158,14 @@ def launch_prefill_gluon(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_c
 
     Args as ``launch.context_attention_fwd`` after its checks; ``qk_scale`` is the softmax scale
     times log2(e); ``split`` = ``(BLOCK_D, BLOCK_D_TAIL)``; ``cfg`` the keys of
-    :data:`GLUON_DEFAULT_CONFIG`. Grid ``(cdiv(max_input_len, 128), Hq, B)``.
+    :data:`GLUON_DEFAULT_CONFIG`. Grid ``(max(cdiv(max_input_len, 128), 1), Hq, B)``.
+    Out-of-range starts, lengths and ``max_input_len`` are clamped and marked as in the
+    portable kernel (``o = NaN`` in the rows concerned), never read or written outside q/k/v/o.
     """
     c = {**GLUON_DEFAULT_CONFIG, **(cfg or {})}
     total, hq, head_dim = q.shape
     batch = b_seq_len.shape[0]
-    if total == 0 or batch == 0 or max_input_len == 0 or hq == 0:
+    if total == 0 or batch == 0 or hq == 0:
         return
     main, tail = split
     bn = c["BLOCK_N"]
@@ -174,11 +176,12 @@ def launch_prefill_gluon(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_c
         qt_desc, kt_desc, vt_desc = _descriptor(q, 64, tail), _descriptor(k, bn, tail), _descriptor(v, bn, tail)
     else:
         qt_desc, kt_desc, vt_desc = q_desc, k_desc, v_desc
-    grid = (cdiv(max_input_len, c["BLOCK_M"]), hq, batch)
+    # At least one row block: a max_input_len of 0 with a non-empty sequence still marks it.
+    grid = (max(1, cdiv(max_input_len, c["BLOCK_M"])), hq, batch)
     launch(_gk.prefill_fwd_ws, grid,
         q_desc, qt_desc, k_desc, kt_desc, v_desc, vt_desc, o,
         sinks if sinks is not None else o, b_start_loc, b_seq_len, float(qk_scale),
-        o.stride(0), o.stride(1), hq // k.shape[1],
+        o.stride(0), o.stride(1), hq // k.shape[1], total, int(max_input_len),
         HEAD_DIM=head_dim, BLOCK_N=bn, NUM_STAGES=c["NUM_STAGES"], IS_CAUSAL=bool(is_causal),
         HAS_SINKS=sinks is not None, PIPELINE=bool(c["PIPELINE"]),
         PINGPONG=bool(c["PINGPONG"] and c["PIPELINE"]), P_SMEM=bool(c["P_SMEM"]),

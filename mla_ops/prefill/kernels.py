@@ -11,6 +11,15 @@ The key range of a row block is walked in three phases: the blocks before the fu
 range (masked), the fully visible interior (no mask, no bounds checks), the blocks after it
 (masked). Blocks no row of the block can see (causal, windows, past the sequence) are never
 loaded.
+
+Out-of-range metadata (checked mode off, nothing validated on the host): a sequence whose start
+or length is negative, or which ends past the ``total_tokens`` packed tokens, is clamped to
+the packed tokens (``[start, start + len)`` intersected with ``[0, total_tokens)``), so no
+address leaves q/k/v/o, and *marked*: its rows inside the packed tokens get ``o = NaN``. A
+sequence longer than ``max_input_len`` gets ``o = NaN`` in its rows from ``max_input_len`` on
+(the rows a grid of ``cdiv(max_input_len, BLOCK_M)`` row blocks would leave unwritten are
+written NaN by the sequence's last row-block program; the rows below are computed). The fast
+path pays a few scalar instructions per program and one ``[BLOCK_M]`` select in the epilogue.
 """
 
 import triton
@@ -125,13 +134,13 @@ def _attn_block(
     return acc, acc_t, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total_tokens", "max_input_len"])
 def context_attention_kernel(
     Q, K, V, O, Sinks,
     B_Start_Loc, B_Seq_Len,
     qk_scale, window_q, window_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    kv_group,
+    kv_group, total_tokens, max_input_len,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_D_TAIL: tl.constexpr,
@@ -144,7 +153,8 @@ def context_attention_kernel(
     Q ``[total, Hq, HEAD_DIM]``, K/V ``[total, Hkv, HEAD_DIM]`` (Hq = kv_group * Hkv), O
     ``[total, Hq, HEAD_DIM]`` (mutated: rows of each sequence; other rows untouched), Sinks
     ``[Hq]`` (read when HAS_SINKS), B_Start_Loc/B_Seq_Len ``[B]`` int32/int64.
-    Grid ``(cdiv(max_input_len, BLOCK_M), Hq, B)``.
+    Grid ``(max(cdiv(max_input_len, BLOCK_M), 1), Hq, B)``; ``total_tokens`` is q's row count.
+    Out-of-range starts / lengths / ``max_input_len``: see the module docstring.
 
     HEAD_STRIDE_ALIGNED_8: every token and head stride of Q/K/V/O is a multiple of 8 elements
     (checked by the launcher on the real strides). Triton only infers divisibility by 16 of
@@ -162,11 +172,17 @@ def context_attention_kernel(
         # the last wave is made of short programs.
         pid_m = tl.num_programs(0) - 1 - pid_m
 
-    seq_len = tl.load(B_Seq_Len + cur_batch).to(tl.int32)
+    # The sequence clamped into the packed tokens (int64: start + len may pass int32); marked
+    # (o = NaN) if it was not inside them.
+    seq_start = tl.load(B_Start_Loc + cur_batch).to(tl.int64)
+    seq_len = tl.load(B_Seq_Len + cur_batch).to(tl.int64)
+    seq_end = seq_start + seq_len
+    marked = (seq_start < 0) | (seq_len < 0) | (seq_end > total_tokens)
+    seq_start = tl.minimum(tl.maximum(seq_start, 0), total_tokens)
+    seq_len = (tl.minimum(tl.maximum(seq_end, seq_start), total_tokens) - seq_start).to(tl.int32)
     m_start = pid_m * BLOCK_M
     if m_start >= seq_len:
         return
-    seq_start = tl.load(B_Start_Loc + cur_batch).to(tl.int64)
     cur_kv_head = cur_head // kv_group
 
     # Head-axis offsets hoisted into locals so the alignment hint has something to annotate
@@ -293,9 +309,24 @@ def context_attention_kernel(
 
     # --- epilogue: every real row saw at least its own key (or the sink), so l_i > 0 there.
     inv_l = 1.0 / tl.where(m_ok, l_i, 1.0)  # [BLOCK_M]; rows past the sequence are not stored
+    # A marked sequence, and rows from max_input_len on: NaN.
+    inv_l = tl.where(marked | (offs_m >= max_input_len), float("nan"), inv_l)
     p_o = O + off_oh + row_o[:, None] + offs_d[None, :]  # [BLOCK_M, BLOCK_D]
     tl.store(p_o, (acc * inv_l[:, None]).to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
     if BLOCK_D_TAIL > 0:
         p_ot = O + off_oh + row_o[:, None] + offs_dt[None, :]  # [BLOCK_M, BLOCK_D_TAIL]
         tl.store(p_ot, (acc_t * inv_l[:, None]).to(O.dtype.element_ty),
                  mask=m_ok[:, None] & dt_ok[None, :])
+
+    # --- a sequence longer than the grid reaches (max_input_len too small): the last row-block
+    # program writes NaN into its rows past the grid (never taken for valid metadata).
+    if pid_m == tl.num_programs(0) - 1:
+        nan_tile = tl.full([BLOCK_M, BLOCK_D], float("nan"), O.dtype.element_ty)
+        for m0 in range(m_start + BLOCK_M, seq_len, BLOCK_M):
+            offs_r = m0 + tl.arange(0, BLOCK_M)
+            p_r = O + off_oh + (seq_start + offs_r)[:, None] * stride_ot
+            r_ok = (offs_r < seq_len)[:, None]
+            tl.store(p_r + offs_d[None, :], nan_tile, mask=r_ok & d_ok[None, :])
+            if BLOCK_D_TAIL > 0:
+                nan_tail = tl.full([BLOCK_M, BLOCK_D_TAIL], float("nan"), O.dtype.element_ty)
+                tl.store(p_r + offs_dt[None, :], nan_tail, mask=r_ok & dt_ok[None, :])

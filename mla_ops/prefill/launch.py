@@ -136,7 +136,7 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
                           max_input_len=max_input_len, is_causal=bool(is_causal),
                           qk_scale=float(softmax_scale) * _LOG2E, sinks=sinks, split=split,
                           cfg={key: cfg[key] for key in GLUON_DEFAULT_CONFIG})
-            grid = (cdiv(max_input_len, cfg["BLOCK_M"]), q.shape[1], batch)
+            grid = (_row_blocks(max_input_len, cfg["BLOCK_M"]), q.shape[1], batch)
             return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied,
                           family="gluon")
         # What only the tensors show (a base pointer off 16 bytes): the portable kernel.
@@ -152,6 +152,7 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
         stride_vt=v.stride(0), stride_vh=v.stride(1),
         stride_ot=o.stride(0), stride_oh=o.stride(1),
         kv_group=hq // hkv,
+        total_tokens=total, max_input_len=int(max_input_len),
         HEAD_DIM=head_dim,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_D=split[0], BLOCK_D_TAIL=split[1],
@@ -167,8 +168,15 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
     )
     if plat.is_hip and cfg["waves_per_eu"]:
         kwargs["waves_per_eu"] = cfg["waves_per_eu"]
-    grid = (cdiv(max_input_len, cfg["BLOCK_M"]), hq, batch)
+    grid = (_row_blocks(max_input_len, cfg["BLOCK_M"]), hq, batch)
     return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied)
+
+
+def _row_blocks(max_input_len: int, block_m: int) -> int:
+    """Row blocks per sequence of the grid: ``cdiv(max_input_len, block_m)``, at least 1 so
+    that a ``max_input_len`` of 0 with a non-empty sequence still reaches it (its rows are
+    then marked NaN, as rows past any too-small ``max_input_len`` are)."""
+    return max(1, cdiv(max_input_len, block_m))
 
 
 def _aligned_view(t: torch.Tensor) -> torch.Tensor:
@@ -219,12 +227,17 @@ def context_attention_fwd(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_
         b_start_loc, b_seq_len: ``[B]`` int32/int64 (contiguous) first token and length of
             each sequence.
         max_input_len: an upper bound on ``b_seq_len`` (sizes the grid; no device sync:
-            checked mode verifies it).
+            checked mode verifies it). Rows of a longer sequence from ``max_input_len`` on get
+            ``o = NaN`` (checked mode off).
         is_causal: query i sees keys j <= i of its own sequence (top-left).
         softmax_scale: defaults to ``1/sqrt(D)``; finite and positive.
         sliding_window_q / sliding_window_k: when > 0, keep ``i - j <= w`` / ``j - i <= w``.
         sinks: ``[Hq]`` per-head null logits (natural log, unscaled) added to the denominator.
         config: keyword-only overrides of the selected launch config (``configs.py`` keys).
+
+    With checked mode off, a sequence whose start or length is negative, or that ends past the
+    packed tokens, is clamped into them (nothing outside q/k/v/o is read or written) and its
+    rows inside them get ``o = NaN``; the other sequences are unaffected.
     """
     args = (q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal, softmax_scale,
             sliding_window_q, sliding_window_k, sinks)
