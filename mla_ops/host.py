@@ -102,10 +102,17 @@ def public_launcher(op: str, reference: str) -> Callable[[Callable], Callable]:
             first = args[0] if args else kwargs.get(_op_args(op)[0])
             if isinstance(first, torch.Tensor) and first.device.type == "cpu":
                 if not interpreter_enabled():
+                    config = kwargs.get("config")
+                    if config:
+                        family = config.get("family", "table's")
+                        raise ValueError(
+                            f"config: the {family} family cannot run this launch: CPU tensors "
+                            f"run the plain-PyTorch reference, which has no launch to configure "
+                            f"(set TRITON_INTERPRET=1 before triton is imported to run the "
+                            f"Triton kernels in the interpreter)")
                     module, name = reference.split(":")
                     kernel = getattr(importlib.import_module(module, __package__), name)
-                    # The op's arguments only: the launcher's keyword-only tuning knobs
-                    # (config=, batches=) mean nothing to the plain-PyTorch kernel.
+                    # The op's arguments only (the warmup's batches= means nothing here).
                     names = _op_args(op)
                     return kernel(*args, **{k: v for k, v in kwargs.items() if k in names})
                 why = interpreter_problem()

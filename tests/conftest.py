@@ -127,6 +127,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+# TRITON_* variables torch's inductor sets for the whole process on its first compile (its
+# cache folder and ptxas): not a test's state.
+_PROCESS_WIDE = ("TRITON_CACHE_DIR", "TRITON_PTXAS_PATH")
+
+
+def _tracked(name: str) -> bool:
+    return name.startswith(("MLA_OPS_", "TRITON_")) and name not in _PROCESS_WIDE
+
+
 def _global_state():
     """What a test may change only for its own duration (compared with ==, put back by
     :func:`_restore`)."""
@@ -134,8 +143,7 @@ def _global_state():
 
     return {
         "checked mode": checked.enabled(),
-        "environment": {k: v for k, v in os.environ.items()
-                        if k.startswith(("MLA_OPS_", "TRITON_"))},
+        "environment": {k: v for k, v in os.environ.items() if _tracked(k)},
         "mock_platform": platform._override,
         "tuning tables": {name: dict(k.builtin) for name, k in tuning.KERNELS.items()},
     }
@@ -145,7 +153,7 @@ def _restore(state):
     from mla_ops import checked, platform, tuning
 
     checked.set_checked_mode(state["checked mode"])
-    for k in [k for k in os.environ if k.startswith(("MLA_OPS_", "TRITON_"))]:
+    for k in [k for k in os.environ if _tracked(k)]:
         del os.environ[k]
     os.environ.update(state["environment"])
     platform._override = state["mock_platform"]

@@ -105,7 +105,9 @@ def test_cpu_tensors_without_the_interpreter_run_the_reference():
     enc = encoder_case("cpu", **{**_BF16_ENCODER, "dtype": torch.float32})
     o_parts, lse_parts = _merge_case(torch.float32)
     with interpret(False):
-        o, lse = case.run(num_kv_splits=2, config={"BLOCK_N": 16})  # config: the launcher's only
+        o, lse = case.run(num_kv_splits=2)
+        with pytest.raises(ValueError, match="^config: the gluon family cannot run this launch"):
+            case.run(num_kv_splits=2, config={"family": "gluon"})  # never a silent reference
         mla_ops.warmup_decode_attention_fwd_verify(**case.warmup_args())
         enc_o = enc.run()
         merged, merged_lse = torch.empty(4, 2, 40), torch.empty(4, 2)
