@@ -122,12 +122,25 @@ def _fact(v: Any) -> Any:
     return (type(v), v)  # 1 and True and 1.0 are different arguments
 
 
+_Tensor = torch.Tensor
+_SCALARS = (int, float, bool, type(None))
+
+
 def _key(op: str, values: tuple, plat) -> tuple:
-    """The geometry of a call (module docstring)."""
+    """The geometry of a call (module docstring): per value its facts, and for a tensor the
+    position of the first value that is the same tensor (aliasing)."""
+    facts = [op, _generation[0], plat]
     first: dict[int, int] = {}
-    aliases = tuple(first.setdefault(id(v), i) for i, v in enumerate(values)
-                    if isinstance(v, torch.Tensor))
-    return (op, _generation[0], plat, aliases, *map(_fact, values))
+    for i, v in enumerate(values):
+        t = type(v)
+        if t is _Tensor:
+            facts += (v.dtype, v.shape, v.stride(), v.device, v.storage_offset() & 63,
+                      v.data_ptr() & 63, first.setdefault(id(v), i))
+        elif t in _SCALARS:
+            facts += (t, v)
+        else:
+            facts.append(_fact(v))
+    return tuple(facts)
 
 
 class _Unrecordable(Exception):
@@ -164,7 +177,7 @@ class _Descriptor:
 
 
 class _Launch:
-    __slots__ = ("kernel", "grid", "slots")
+    __slots__ = ("kernel", "grid", "slots", "direct")
 
     def __init__(self, fn, kernel, grid, args, kwargs, names):
         if kernel is None or not hasattr(kernel, "packed_metadata"):
@@ -180,6 +193,85 @@ class _Launch:
             else:
                 full.append(p.default)
         self.slots = [_slot(v, names) for v in full]
+        self.direct = _direct_launch(kernel, self.grid, self.slots)
+
+    def run(self, values: tuple, stream: int) -> None:
+        if self.direct is not None:
+            self.direct(values, stream)
+            return
+        k = self.kernel
+        k.run(*self.grid, stream, k.function, k.packed_metadata, None, None, None,
+              *[_fill(s, values) for s in self.slots])
+
+
+def _direct_launch(kernel, grid: tuple, slots: list) -> Callable | None:
+    """A function ``(values, stream)`` that calls the C launch function Triton 3.6 compiled
+    for ``kernel`` directly, with the arguments its ``CudaLauncher`` would pass: tensors as
+    their addresses (checked CUDA tensors: the C side then skips its per-pointer driver query),
+    constants as recorded, and each host TMA descriptor encoded once per base address (the
+    encoding depends on nothing else the key does not fix). None where the launcher is not the
+    one this was written for, or needs per-launch scratch memory: the kernel's own ``run``."""
+    launcher = getattr(kernel, "run", None)
+    if type(launcher).__name__ != "CudaLauncher" or launcher.global_scratch_size \
+            or launcher.profile_scratch_size or getattr(launcher, "num_ctas", 1) != 1:
+        return None
+    launch, td_indices, td_meta = launcher.launch, (), ()
+    if getattr(launch, "__closure__", None):  # wrap_handle_tensordesc's inner(*args)
+        cells = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in launch.__closure__)))
+        if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= set(cells):
+            return None
+        launch, td_indices, td_meta = (cells["launcher"], cells["tensordesc_indices"],
+                                       list(cells["tensordesc_meta"]))
+    parts, consts, tmaps = [], [], []
+    for i, s in enumerate(slots):
+        if i in td_indices:
+            meta = td_meta[len(tmaps)]
+            if s[0] != "desc" or (meta is not None and meta.get("fp4_padded")):
+                return None
+            _, arg, shape, strides, padding = s
+            tmaps.append((meta, shape, strides, padding))
+            dims = [*map(repr, shape), *map(repr, strides)]
+            if meta is None:
+                parts += [f"v[{arg}].data_ptr()", *dims, repr(padding == "nan"), *dims]
+            else:
+                parts += [f"tm({len(tmaps) - 1}, v[{arg}])", *dims]
+        elif s[0] == "arg":
+            parts.append(f"v[{s[1]}].data_ptr()")
+        elif s[0] == "const":
+            consts.append(s[1])
+            parts.append(f"c[{len(consts) - 1}]")
+        else:
+            return None
+    encoded: dict[tuple, Any] = {}
+
+    def tm(j: int, t: torch.Tensor):
+        ptr = t.data_ptr()
+        m = encoded.get((j, ptr))
+        if m is None:
+            if len(encoded) >= 256:
+                encoded.clear()
+            meta, shape, strides, padding = tmaps[j]
+            m = encoded[(j, ptr)] = _encode_tma(ptr, meta, shape, strides, padding)
+        return m
+
+    ns = {"_launch": launch, "c": consts, "tm": tm, "FUNC": kernel.function,
+          "PACKED": kernel.packed_metadata, "COOP": launcher.launch_cooperative_grid,
+          "PDL": launcher.launch_pdl, "G": grid}
+    src = ("def run(v, stream):\n    _launch(G[0], G[1], G[2], stream, FUNC, COOP, PDL, None, "
+           "None, PACKED, None, None, None, " + ", ".join(parts) + ")\n")
+    exec(compile(src, f"<mla_ops.fastpath {kernel.name}>", "exec"), ns)
+    return ns["run"]
+
+
+def _encode_tma(ptr: int, meta: dict, shape: list, strides: list, padding: str):
+    """The ``CUtensorMap`` Triton 3.6's launcher encodes for a host descriptor (its
+    ``make_tensordesc_arg``)."""
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+    from triton.runtime import driver
+
+    return driver.active.utils.fill_tma_descriptor(
+        ptr, meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+        meta["block_size"], shape, strides, 1 if padding == "nan" else 0)
 
 
 class _Record:
@@ -198,9 +290,7 @@ class _Record:
         guard, stream = _device_and_stream(self.device)
         with guard:
             for ln in self.launches:
-                args = [_fill(s, values) for s in ln.slots]
-                k = ln.kernel
-                k.run(*ln.grid, stream, k.function, k.packed_metadata, None, None, None, *args)
+                ln.run(values, stream)
 
 
 def _device_and_stream(device: torch.device):
@@ -266,7 +356,10 @@ def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Call
                 return launcher(*args, **kwargs)
             values = _values(op, args, kwargs)
             plat = platform.current()
-            key = _key(op, values, plat)
+            try:
+                key = _key(op, values, plat)
+            except (RuntimeError, TypeError, NotImplementedError):  # no address (a fake tensor)
+                return launcher(*args, **kwargs)
             in_force = tuple(tuning.table(name, plat.arch) for name in tables)
             record = _RECORDS.get(key, _MISSING)
             if record is not _MISSING and record is not None:

@@ -48,9 +48,12 @@ def _lazy(path: str) -> Callable:
     """The function ``"module:name"`` of this package, imported at its first call: registering
     the ops must not import triton's kernels."""
     module, name = path.split(":")
+    resolved: list[Callable] = []
 
     def kernel(*args):
-        getattr(importlib.import_module(module, __package__), name)(*args)
+        if not resolved:
+            resolved.append(getattr(importlib.import_module(module, __package__), name))
+        resolved[0](*args)
 
     return kernel
 

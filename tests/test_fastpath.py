@@ -178,34 +178,37 @@ def _check_replays(op: str, n: int, seed: int) -> int:
     return replays
 
 
-# Each mutant drops one field of the replay key; the same check must then fail.
-def _fact_without(field):
-    def fact(v):
-        full = _REAL_FACT(v)
-        if isinstance(v, torch.Tensor):
-            keep = {"dtype": (1, 2, 3, 4, 5), "shape": (0, 2, 3, 4, 5), "strides": (0, 1, 3, 4, 5),
-                    "alignment": (0, 1, 2, 3)}[field] if field != "values" else range(6)
-            return tuple(full[i] for i in keep)
-        if field == "values" and isinstance(v, (int, float)) and not isinstance(v, bool):
-            # (an int's or float's type stays: only its value is dropped)
-            return type(v)
-        return full
-    return fact
-
-
-_REAL_FACT = fastpath._fact
-KEY_MUTANTS = {
-    "dtype": ("_fact", _fact_without("dtype")),
-    "shape": ("_fact", _fact_without("shape")),
-    "strides": ("_fact", _fact_without("strides")),
-    "alignment": ("_fact", _fact_without("alignment")),
-    "values": ("_fact", _fact_without("values")),
-    "aliasing": ("_key", lambda op, values, plat: (op, fastpath._generation[0], plat,
-                                                   *map(fastpath._fact, values))),
-    "platform": ("_key", lambda op, values, plat: _REAL_KEY(op, values, None)),
-    "table identity": ("_same_tables", lambda recorded_from, in_force: True),
-}
+# Each mutant drops one field of the replay key; the same check must then fail. The mutant
+# keys are the real one's logic with a field left out (``_key_without(None)`` is checked to
+# equal the real key).
 _REAL_KEY = fastpath._key
+_TENSOR_FIELDS = ("dtype", "shape", "strides", "device", "offset", "alignment", "aliasing")
+
+
+def _key_without(drop):
+    def key(op, values, plat):
+        facts = [op, fastpath._generation[0], plat if drop != "platform" else None]
+        first = {}
+        for i, v in enumerate(values):
+            if type(v) is torch.Tensor:
+                f = dict(zip(_TENSOR_FIELDS, (
+                    v.dtype, v.shape, v.stride(), v.device, v.storage_offset() & 63,
+                    v.data_ptr() & 63, first.setdefault(id(v), i))))
+                if drop == "alignment":  # the address and the offset both carry it
+                    f.pop("offset"), f.pop("alignment")
+                f.pop(drop, None)
+                facts += tuple(f.values())
+            elif type(v) in (int, float, bool, type(None)):
+                facts += (type(v), None if drop == "values" else v)
+            else:
+                facts.append(fastpath._fact(v))
+        return tuple(facts)
+    return key
+
+
+KEY_MUTANTS = {name: ("_key", _key_without(name))
+               for name in ("dtype", "shape", "strides", "alignment", "values", "aliasing", "platform")}
+KEY_MUTANTS["table identity"] = ("_same_tables", lambda recorded_from, in_force: True)
 
 
 def _compare(recorded, args) -> None:
@@ -257,6 +260,12 @@ def _main() -> None:  # in a subprocess without TRITON_INTERPRET (see results)
 
     out = {}
     with fake_dispatch():
+        for seed in range(3):  # the mutants' logic is the real key's
+            args = _decode_call(random.Random(seed))()
+            values = fastpath._values("decode_verify", args, {})
+            plat = mla_ops.platform.current()
+            assert _key_without(None)("decode_verify", values, plat) == _REAL_KEY(
+                "decode_verify", values, plat)
         for op in sorted(CALLS):
             out[op] = _check_replays(op, 12, seed=1)
         _platform_check()
