@@ -4,8 +4,8 @@ Python path (checks, config selection, Triton's JIT dispatch) and replayed after
 A public launcher decorated with :func:`recorded` keys each call on everything that can change
 what runs, other than the contents of its tensors and the addresses that Triton does not
 specialize on (the *geometry*): for every argument its value, or for a tensor its dtype,
-shape, strides, device, storage offset and address modulo 64, and which arguments are the same
-tensor; plus the launch tables' generation and the platform in force. A key seen before
+shape, strides, device and address modulo 64 (every alignment a launcher or Triton tests), and
+which arguments are the same tensor; plus the launch tables' generation and the platform in force. A key seen before
 replays the launches the first call made — the same compiled kernels (Triton's
 ``CompiledKernel`` objects, returned by its own dispatch), grids and scalar arguments — with
 the call's tensors in their places, through the kernel's own launcher. A key not seen runs the
@@ -77,17 +77,26 @@ def _static_reason() -> str | None:
 
 def status() -> str | None:
     """None when calls are replayed here, else why every call takes the full Python path."""
-    if os.environ.get(ENV_OFF, "0") not in ("", "0"):
+    if _environ.get(ENV_OFF, "0") not in ("", "0"):
         return f"{ENV_OFF} is set"
     why = _static_reason()
     if why is not None:
         return why
-    from triton import knobs
-
-    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+    runtime = _knobs_runtime()
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):  # triton 3.6: a HookChain
             return "triton launch hooks are set (a profiler's)"
     return None
+
+
+_environ = os.environ
+
+
+@functools.lru_cache(maxsize=1)
+def _knobs_runtime():
+    from triton import knobs
+
+    return knobs.runtime
 
 
 # --- recording ---------------------------------------------------------------------------------
@@ -113,8 +122,7 @@ def _recording():
 
 def _fact(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
-        return (v.dtype, v.shape, v.stride(), v.device, v.storage_offset() & 63,
-                v.data_ptr() & 63)
+        return (v.dtype, v.shape, v.stride(), v.device, v.data_ptr() & 63)
     if isinstance(v, (list, tuple)):
         return tuple(_fact(x) for x in v)
     if isinstance(v, dict):
@@ -134,8 +142,8 @@ def _key(op: str, values: tuple, plat) -> tuple:
     for i, v in enumerate(values):
         t = type(v)
         if t is _Tensor:
-            facts += (v.dtype, v.shape, v.stride(), v.device, v.storage_offset() & 63,
-                      v.data_ptr() & 63, first.setdefault(id(v), i))
+            facts += (v.dtype, v.shape, v.stride(), v.device, v.data_ptr() & 63,
+                      first.setdefault(id(v), i))
         elif t in _SCALARS:
             facts += (t, v)
         else:
@@ -323,8 +331,17 @@ def _device_of(values: tuple) -> torch.device | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _absent(op: str) -> tuple:
+    from .host import _op_args
+
+    return (_MISSING,) * len(_op_args(op)) + (None,)
+
+
 def _values(op: str, args: tuple, kwargs: dict) -> tuple:
     """A call's arguments in the op's order (absent ones as a marker), then its ``config=``."""
+    if not kwargs:
+        return args + _absent(op)[len(args):]
     from .host import _op_args
 
     names = _op_args(op)

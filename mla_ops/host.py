@@ -100,7 +100,7 @@ def public_launcher(op: str, reference: str) -> Callable[[Callable], Callable]:
         @functools.wraps(launch)
         def call(*args, **kwargs):
             first = args[0] if args else kwargs.get(_op_args(op)[0])
-            if isinstance(first, torch.Tensor) and first.device.type == "cpu":
+            if isinstance(first, torch.Tensor) and first.is_cpu:
                 if not interpreter_enabled():
                     config = kwargs.get("config")
                     if config:

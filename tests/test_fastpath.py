@@ -182,7 +182,7 @@ def _check_replays(op: str, n: int, seed: int) -> int:
 # keys are the real one's logic with a field left out (``_key_without(None)`` is checked to
 # equal the real key).
 _REAL_KEY = fastpath._key
-_TENSOR_FIELDS = ("dtype", "shape", "strides", "device", "offset", "alignment", "aliasing")
+_TENSOR_FIELDS = ("dtype", "shape", "strides", "device", "alignment", "aliasing")
 
 
 def _key_without(drop):
@@ -192,10 +192,8 @@ def _key_without(drop):
         for i, v in enumerate(values):
             if type(v) is torch.Tensor:
                 f = dict(zip(_TENSOR_FIELDS, (
-                    v.dtype, v.shape, v.stride(), v.device, v.storage_offset() & 63,
-                    v.data_ptr() & 63, first.setdefault(id(v), i))))
-                if drop == "alignment":  # the address and the offset both carry it
-                    f.pop("offset"), f.pop("alignment")
+                    v.dtype, v.shape, v.stride(), v.device, v.data_ptr() & 63,
+                    first.setdefault(id(v), i))))
                 f.pop(drop, None)
                 facts += tuple(f.values())
             elif type(v) in (int, float, bool, type(None)):

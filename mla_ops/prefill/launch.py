@@ -64,11 +64,12 @@ def head_stride_aligned_8(*tensors: torch.Tensor) -> bool:
 
     Then each head's row starts 16-byte aligned (fp16/bf16), which the kernel asserts with
     ``tl.multiple_of`` because Triton only infers divisibility by 16 for integer arguments.
-    Storage offsets count too: a view that starts mid-row is not aligned.
+    The start counts too: a view that starts mid-row is not aligned (its address, in elements,
+    is read rather than its storage offset, which says nothing of the storage's own address).
     """
     for t in tensors:
         token, head, _ = t.stride()
-        if token % 8 or head % 8 or t.storage_offset() % 8:
+        if token % 8 or head % 8 or (t.data_ptr() // t.element_size()) % 8:
             return False
     return True
 
