@@ -55,7 +55,7 @@ flashmla() {  # the dense sm_90 extension only (about 2 minutes), importable fro
 }
 eager() {
   flashmla
-  timeout 300 python3 benchmarks/eager_launch.py --rounds 3 --json "$OUT/eager_launch.json" 2>  timeout 300 python3 benchmarks/eager_launch.py --json "$OUT/eager_launch.json" 2>&1 | tail -401 | tail -40
+  timeout 300 python3 benchmarks/eager_launch.py --rounds 3 --json "$OUT/eager_launch.json" 2>&1 | tail -40
 }
 bench() {
   timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
