@@ -89,12 +89,16 @@ def _in_fp32(launch: Callable, op: str, args: tuple, kwargs: dict) -> None:
             v.copy_(wide[k])
 
 
-def public_launcher(op: str, reference: str) -> Callable[[Callable], Callable]:
+def public_launcher(op: str, reference: str, *, launches: bool = True
+                    ) -> Callable[[Callable], Callable]:
     """The public function of ``mla::<op>`` on every device: a GPU tensor goes to the
     decorated launcher; a CPU tensor to the op's plain-PyTorch CPU kernel (``reference``,
     ``"module:name"`` in this package), or under ``TRITON_INTERPRET=1`` to the launcher, which
     then runs the Triton kernels in the interpreter, bf16 computed in fp32 (never a driver
-    error, never the interpreter's bf16 garbage). The op's first argument tells the device."""
+    error, never the interpreter's bf16 garbage). The op's first argument tells the device.
+    A ``config=`` (launch overrides) on CPU tensors outside the interpreter is refused by name
+    where the function ``launches`` (the reference has nothing to configure); a warmup, which
+    only compiles, takes it and does nothing."""
 
     def wrap(launch: Callable) -> Callable:
         @functools.wraps(launch)
@@ -103,7 +107,7 @@ def public_launcher(op: str, reference: str) -> Callable[[Callable], Callable]:
             if isinstance(first, torch.Tensor) and first.is_cpu:
                 if not interpreter_enabled():
                     config = kwargs.get("config")
-                    if config:
+                    if config and launches:
                         family = config.get("family", "table's")
                         raise ValueError(
                             f"config: the {family} family cannot run this launch: CPU tensors "

@@ -109,6 +109,8 @@ def test_cpu_tensors_without_the_interpreter_run_the_reference():
         with pytest.raises(ValueError, match="^config: the gluon family cannot run this launch"):
             case.run(num_kv_splits=2, config={"family": "gluon"})  # never a silent reference
         mla_ops.warmup_decode_attention_fwd_verify(**case.warmup_args())
+        # a plan's warmup passes its config: nothing to compile on the reference, not refused
+        mla_ops.warmup_decode_attention_fwd_verify(**case.warmup_args(), config={"family": "triton"})
         enc_o = enc.run()
         merged, merged_lse = torch.empty(4, 2, 40), torch.empty(4, 2)
         merge_attn_states(o_parts, lse_parts, merged, merged_lse)

@@ -419,7 +419,7 @@ def reachable_batches(qlen: int, num_heads: int) -> list[int]:
     return sorted(batches)
 
 
-@public_launcher("warmup_decode_verify", ".decode_verify.launch:_check_warmup")
+@public_launcher("warmup_decode_verify", ".decode_verify.launch:_check_warmup", launches=False)
 def warmup_decode_attention_fwd_verify(
     q,
     k_buffer,
