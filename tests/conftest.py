@@ -45,7 +45,11 @@ def _order_seed(config) -> int | None:
     if value is None:
         return None
     if value == "random":
-        return random.SystemRandom().randrange(10 ** 6)
+        # Drawn once, by the process that starts pytest-xdist's workers (which inherit the
+        # variable): every worker must collect the same order.
+        seed = random.SystemRandom().randrange(10 ** 6)
+        os.environ[SEED_ENV] = str(seed)
+        return seed
     try:
         return int(value)
     except ValueError:
