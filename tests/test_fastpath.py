@@ -152,6 +152,17 @@ CALLS = {"decode_verify": (mla_ops.decode_attention_fwd_verify, _decode_call),
          "merge_attn_states": (merge_attn_states, _merge_call)}
 
 
+def _compare(recorded, args) -> None:
+    """One call recorded or replayed, then the full path on the same arguments: the same
+    launches."""
+    _LOG.clear()
+    recorded(*args)
+    fast = list(_LOG)
+    _LOG.clear()
+    recorded.full_path(*args)
+    _same_launches(fast, list(_LOG))
+
+
 def _check_replays(op: str, n: int, seed: int) -> int:
     """``n`` random geometries, each called three times with fresh tensors (the first records,
     the others replay), each call's launches compared with the full path's for the same
@@ -166,14 +177,8 @@ def _check_replays(op: str, n: int, seed: int) -> int:
     replays = 0
     for rnd in range(3):
         for make in makes if rnd == 0 else rng.sample(makes, len(makes)):
-            args = make()
             before = len(fastpath._RECORDS)
-            _LOG.clear()
-            recorded(*args)
-            fast = list(_LOG)
-            _LOG.clear()
-            recorded.full_path(*args)
-            _same_launches(fast, list(_LOG))
+            _compare(recorded, make())
             replays += len(fastpath._RECORDS) == before
     return replays
 
@@ -207,15 +212,6 @@ def _key_without(drop):
 KEY_MUTANTS = {name: ("_key", _key_without(name))
                for name in ("dtype", "shape", "strides", "alignment", "values", "aliasing", "platform")}
 KEY_MUTANTS["table identity"] = ("_same_tables", lambda recorded_from, in_force: True)
-
-
-def _compare(recorded, args) -> None:
-    _LOG.clear()
-    recorded(*args)
-    fast = list(_LOG)
-    _LOG.clear()
-    recorded.full_path(*args)
-    _same_launches(fast, list(_LOG))
 
 
 def _platform_check() -> None:
