@@ -59,3 +59,61 @@ def test_main_job_runs_and_checks_both_kernels():
         assert "running: Triton kernels in the interpreter" in out.stdout
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(" OK") == 2 and "all checks passed" in out.stdout
+
+
+def _readme_code_spans():
+    text = (ROOT / "README.md").read_text() + (ROOT / "ARCHITECTURE.md").read_text()
+    return set(re.findall(r"`([^`\n]+)`", text))
+
+
+def test_every_file_the_readme_names_exists():
+    """A path in a code span (``benchmarks/results/h200/v8/eager_launch.json``, or relative to
+    the package, the benchmarks or the results folder) is a file or folder of the tree; globs
+    match at least one."""
+    bases = [ROOT, ROOT / "mla_ops", ROOT / "benchmarks", ROOT / "benchmarks" / "results",
+             ROOT / "benchmarks" / "results" / "h200"]
+    missing = []
+    for span in _readme_code_spans():
+        words = span.split()
+        for before, word in zip([""] + words, words):
+            if before in ("--json", ">", "-o"):
+                continue  # what a command writes
+            if not re.fullmatch(r"[\w./*-]+\.(json|py|md|txt|sh)|[\w.-]+/", word):
+                continue  # a file with its extension, or a folder written with its slash
+            if word.startswith(("http", "$", ".flashmla", "<")):
+                continue
+            word = word.rstrip("/")
+            found = any(list(b.glob(word)) for b in bases)
+            if not found and "/" not in word:  # a bare name: anywhere in the package or results
+                found = any(list((ROOT / d).glob("**/" + word))
+                            for d in ("mla_ops", "benchmarks/results"))
+            if not found:
+                missing.append(word)
+    assert not missing, f"README/ARCHITECTURE name files that do not exist: {sorted(set(missing))}"
+
+
+def test_every_api_name_the_readme_names_exists():
+    """``mla_ops.x.y`` and ``torch.ops.mla.op`` in the docs resolve (an import, then attributes)."""
+    import importlib
+
+    import mla_ops  # noqa: F401  (registers torch.ops.mla)
+
+    bad = []
+    for span in _readme_code_spans():
+        for name in re.findall(r"(?:mla_ops|torch\.ops\.mla)(?:\.[A-Za-z_]\w*)+", span):
+            parts = name.split(".")
+            if name.startswith("torch.ops.mla"):
+                obj, rest = torch.ops.mla, parts[3:]
+            else:
+                for i in range(len(parts), 0, -1):
+                    try:
+                        obj, rest = importlib.import_module(".".join(parts[:i])), parts[i:]
+                        break
+                    except ImportError:
+                        continue
+            try:
+                for attr in rest:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                bad.append(name)
+    assert not bad, f"README/ARCHITECTURE name what does not exist: {sorted(set(bad))}"
