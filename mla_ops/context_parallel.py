@@ -388,7 +388,7 @@ class CPVerify:
             # device and head dim only): its row tile and split work set the cap.
             probe = torch.empty(0, 1, Lk, dtype=kv_dtype or dtype, device=device)
             cfg = launch_config(max_batch, max_qlen, num_heads, probe, Lv, self.config,
-                                q_dtype=dtype, page_size=page_size, cp_world=self.world)
+                                q_dtype=dtype, page_size=page_size)
             num_kv_splits = verify_num_kv_splits(max(1, local_max), max_batch, max_qlen,
                                                  num_heads, platform.current().sm_count,
                                                  block_h=cfg["BLOCK_H"],

@@ -35,9 +35,6 @@ __all__ = ["Kernel", "KERNELS", "register", "select", "table", "load_table", "va
            "format_table", "Workaround", "WORKAROUNDS", "workaround_active", "unchecked_workarounds",
            "triton_version"]
 
-FAMILIES = ("triton", "gluon")
-
-
 @dataclasses.dataclass
 class Kernel:
     """What the tuning layer knows of one kernel: its families' default configs (the keys a

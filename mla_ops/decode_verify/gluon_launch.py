@@ -30,7 +30,6 @@ __all__ = [
     "gluon_available",
     "gluon_unsupported_shape",
     "gluon_unsupported_reason",
-    "gluon_recommended_config",
     "gluon_row_blocks",
     "launch_verify_stage1_gluon",
 ]
@@ -67,18 +66,6 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
     "QK_FIRST": 0,
 }
-
-# What to run per shape class, from the H200 measurements (benchmarks/GLUON_VERIFY_NOTES.md):
-# the alternating schedule for every bf16 cache, QK_FIRST for H >= 64 only (-3..-6% there,
-# +1..+5% at H = 16); fp8 caches run the redundant kernel whatever SCHEDULE says.
-def gluon_recommended_config(num_heads: int, qlen: int, fp8: bool) -> dict[str, Any]:
-    """The config this module recommends for a shape class (merged over the defaults)."""
-    cfg = dict(GLUON_DEFAULT_CONFIG)
-    cfg["QK_FIRST"] = int(num_heads >= 64 and not fp8)
-    if fp8:
-        cfg["SCHEDULE"] = "redundant"
-    return cfg
-
 
 _LOG2E = 1.4426950408889634
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)

@@ -173,14 +173,14 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
 
 def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor, Lv: int,
                   config: dict[str, Any] | None = None, *, q_dtype: torch.dtype | None = None,
-                  page_size: int | None = None, cp_world: int = 1) -> dict[str, Any]:
+                  page_size: int | None = None) -> dict[str, Any]:
     """The config a launch of these facts runs: the table's, ``config`` laid over it, and the
     facts of the launch that the table cannot see (a 16-wide Lv cannot be halved by QSPLIT).
 
     The table routes on whether the sm_90 Gluon family covers the launch (``gluon`` fact: GPU,
     triton, dtypes, head dims, page size); that needs ``q_dtype`` and ``page_size`` (without
-    them the fact is False). ``cp_world`` changes nothing here: both families run a
-    context-parallel rank's launch.
+    them the fact is False). Both families run a context-parallel rank's launch: the config does
+    not depend on the world size.
     """
     fp8 = k_buffer.dtype in FP8_DTYPES
     gluon = (q_dtype is not None and page_size is not None
@@ -266,7 +266,7 @@ def decode_attention_fwd_verify(
     if checked.enabled():
         checked.validate_decode_verify(*args)
     cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config, q_dtype=q.dtype,
-                        page_size=page_size, cp_world=cp_world)
+                        page_size=page_size)
     if cfg["family"] == "gluon":
         why = gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg)
         if why and config and config.get("family") == "gluon":
@@ -465,7 +465,7 @@ def warmup_decode_attention_fwd_verify(
             seen = set()
             for batch in batches or reachable_batches(qlen, num_heads):
                 cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config, q_dtype=q.dtype,
-                                    page_size=page_size, cp_world=cp_world)
+                                    page_size=page_size)
                 key = tuple(sorted(cfg.items()))
                 if key in seen:
                     continue

@@ -192,7 +192,7 @@ def plan_verify(batch: int, qlen: int, num_heads: int, max_seq_len: int, *,
     # launch_config reads the cache's dtype, device and head dim only.
     probe = torch.empty(0, 1, head_dim, dtype=kv_dtype, device=device)
     cfg = launch_config(batch, qlen, num_heads, probe, v_head_dim, q_dtype=dtype,
-                        page_size=page_size, cp_world=cp_world)
+                        page_size=page_size)
     sm_count = platform.current().sm_count if sm_count is None else sm_count
     local_max = int(local_length(torch.tensor(max_seq_len), cp_world, cp_rank, cp_interleave))
     if num_kv_splits is None:
@@ -200,8 +200,7 @@ def plan_verify(batch: int, qlen: int, num_heads: int, max_seq_len: int, *,
                                              block_h=cfg["BLOCK_H"],
                                              min_work_per_split=cfg["SPLIT_WORK"])
     same = frozenset(b for b in range(1, batch + 1) if b == batch or launch_config(
-        b, qlen, num_heads, probe, v_head_dim, q_dtype=dtype, page_size=page_size,
-        cp_world=cp_world) == cfg)
+        b, qlen, num_heads, probe, v_head_dim, q_dtype=dtype, page_size=page_size) == cfg)
     return VerifyPlan(batch, qlen, num_heads, max_seq_len, dtype, kv_dtype, device, page_size,
                       head_dim, v_head_dim, types.MappingProxyType(dict(cfg)), num_kv_splits,
                       sm_count, cp_world, cp_rank, cp_interleave, batches=same)
