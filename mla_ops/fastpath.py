@@ -134,9 +134,10 @@ _Tensor = torch.Tensor
 _SCALARS = (int, float, bool, type(None))
 
 
-def _key(op: str, values: tuple, plat) -> tuple:
+def _key(op: str, values: tuple, plat) -> tuple | None:
     """The geometry of a call (module docstring): per value its facts, and for a tensor the
-    position of the first value that is the same tensor (aliasing)."""
+    position of the first value that is the same tensor (aliasing); None where a value is a
+    tensor subclass, whose metadata and address this key does not vouch for."""
     facts = [op, _generation[0], plat]
     first: dict[int, int] = {}
     for i, v in enumerate(values):
@@ -146,6 +147,8 @@ def _key(op: str, values: tuple, plat) -> tuple:
                       first.setdefault(id(v), i))
         elif t in _SCALARS:
             facts += (t, v)
+        elif isinstance(v, _Tensor):
+            return None
         else:
             facts.append(_fact(v))
     return tuple(facts)
@@ -373,9 +376,8 @@ def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Call
                 return launcher(*args, **kwargs)
             values = _values(op, args, kwargs)
             plat = platform.current()
-            try:
-                key = _key(op, values, plat)
-            except (RuntimeError, TypeError, NotImplementedError):  # no address (a fake tensor)
+            key = _key(op, values, plat)
+            if key is None:  # a tensor subclass (a fake tensor has no address): never replayed
                 return launcher(*args, **kwargs)
             in_force = tuple(tuning.table(name, plat.arch) for name in tables)
             record = _RECORDS.get(key, _MISSING)

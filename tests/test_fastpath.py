@@ -416,3 +416,15 @@ def test_gpu_replays_on_the_second_gpu():
     _gpu_check("decode_verify", mla_ops.decode_attention_fwd_verify, tuple(args.values()),
                (args["o"], args["lse"]))
     assert torch.cuda.current_device() == 0
+
+
+def test_a_tensor_subclass_is_never_keyed():
+    """A tensor subclass (a fake tensor under tracing, a wrapper with its own dispatch) takes
+    the full path: the key gives None for it rather than reading its address."""
+    class Wrapped(torch.Tensor):
+        pass
+
+    plain = torch.zeros(4)
+    plat = mla_ops.platform.current()
+    assert fastpath._key("merge_attn_states", (plain, None), plat) is not None
+    assert fastpath._key("merge_attn_states", (plain.as_subclass(Wrapped), None), plat) is None
