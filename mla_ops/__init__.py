@@ -6,6 +6,7 @@ Importing the package registers the ops (``mla::decode_verify``, ``mla::warmup_d
 
 from . import library  # noqa: F401  (registers torch.ops.mla)
 from .checked import checked_mode, set_checked_mode
+from .draft_trees import tree_mask_from_parents
 from .decode_verify.launch import (
     _storage_view,
     decode_attention_fwd_verify,
@@ -34,4 +35,5 @@ __all__ = [
     "context_attention_ref",
     "checked_mode",
     "set_checked_mode",
+    "tree_mask_from_parents",
 ]

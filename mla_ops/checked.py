@@ -88,11 +88,18 @@ def local_length(n: torch.Tensor, cp_world: int, cp_rank: int, cp_interleave: in
 
 def validate_decode_verify(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens,
                            qlen, attn_logits, num_kv_splits, sm_scale, page_size, k_scale=None,
-                           cp_world=1, cp_rank=0, cp_interleave=1) -> None:
-    """Lengths non-negative, ``real_seq_lens <= seq_lens``, lengths within the block table, and
-    every page a request's length touches inside the cache. Arguments already spec-checked."""
+                           cp_world=1, cp_rank=0, cp_interleave=1, qo_indptr=None,
+                           tree_mask=None) -> None:
+    """Lengths non-negative, ``real_seq_lens <= seq_lens``, lengths within the block table,
+    every page a request's length touches inside the cache; ``qo_indptr`` from 0,
+    non-decreasing, each request at most ``qlen`` rows, ending within q's rows; no
+    ``tree_mask`` bit at or past its request's draft count. Arguments already spec-checked."""
     _refuse_capture("decode_verify", q.device)
     batch = seq_lens.shape[0]
+    if qo_indptr is not None:
+        _validate_qo_indptr(qo_indptr, qlen, q.shape[0])
+    if tree_mask is not None:
+        _validate_tree_mask(tree_mask, qlen, batch, qo_indptr)
     if batch == 0:
         return
     lens = seq_lens.long()
@@ -125,6 +132,54 @@ def validate_decode_verify(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens
         raise ValueError(
             f"req_to_token: request {b} maps its page {j} to cache page {int(table[b, j])}, "
             f"outside the cache's [0, {num_pages}) pages")
+
+
+def _validate_qo_indptr(qo_indptr: torch.Tensor, qlen: int, rows: int) -> None:
+    ptr = qo_indptr.long()
+    if int(ptr[0]) != 0:
+        raise ValueError(f"qo_indptr: qo_indptr[0] is {int(ptr[0])}; expected 0 (request 0's "
+                         "rows start at row 0)")
+    counts = ptr[1:] - ptr[:-1]
+    bad = _first_bad(counts < 0)
+    if bad is not None:
+        b = bad[0]
+        raise ValueError(f"qo_indptr: request {b} ends at row {int(ptr[b + 1])}, before it "
+                         f"starts ({int(ptr[b])}); expected non-decreasing offsets")
+    bad = _first_bad(counts > qlen)
+    if bad is not None:
+        b = bad[0]
+        raise ValueError(f"qo_indptr: request {b} has {int(counts[b])} draft rows, more than "
+                         f"qlen={qlen} (qlen is the largest request's count)")
+    if int(ptr[-1]) > rows:
+        raise ValueError(f"qo_indptr: the last request ends at row {int(ptr[-1])} "
+                         f"(qo_indptr[B]), past q's {rows} rows")
+
+
+def _validate_tree_mask(tree_mask: torch.Tensor, qlen: int, batch: int,
+                        qo_indptr: torch.Tensor | None) -> None:
+    """No bit at or past the request's draft count (those draft tokens do not exist)."""
+    rows = tree_mask.shape[0]
+    if qo_indptr is None:
+        n = torch.full((rows,), qlen, dtype=torch.long, device=tree_mask.device)
+        req = torch.arange(rows, device=tree_mask.device) // qlen
+    else:
+        ptr = qo_indptr.long()
+        counts = ptr[1:] - ptr[:-1]
+        row = torch.arange(rows, device=tree_mask.device)
+        req = torch.searchsorted(ptr[1:], row, right=True)  # the request each row falls in
+        inside = row < ptr[-1]
+        n = torch.where(inside, counts[req.clamp(max=max(batch - 1, 0))], 64) if batch else \
+            torch.full((rows,), 64, dtype=torch.long, device=tree_mask.device)
+    # Bits j >= n: (mask >> n) != 0, with n == 64 allowing every bit (arithmetic shift: a mask
+    # with bit 63 set is negative).
+    above = torch.where(n >= 64, torch.zeros_like(tree_mask), tree_mask >> n.clamp(max=63))
+    bad = _first_bad(above != 0)
+    if bad is not None:
+        r = bad[0]
+        j = int(n[r]) + int(above[r]).bit_length() - 1 if int(above[r]) > 0 else 63
+        raise ValueError(
+            f"tree_mask: row {r} (request {int(req[r])}, {int(n[r])} draft tokens) sets bit "
+            f"{j}, at or past its request's draft count (mask {int(tree_mask[r]):#x})")
 
 
 def validate_context_attention(q, k, v, o, b_start_loc, b_seq_len, max_input_len, *rest) -> None:

@@ -17,6 +17,8 @@ __all__ = [
     "merge_attn_states_ref",
     "rescale_attn_partial_ref",
     "verify_row_limits",
+    "verify_request_rows",
+    "verify_visible",
     "cache_pages",
     "cp_global_positions",
     "decode_verify_op_ref",
@@ -41,6 +43,33 @@ def verify_row_limits(L: int, L_real: int | None, qlen: int) -> torch.Tensor:
     if L_real is not None:
         lim = torch.minimum(lim, torch.tensor(L_real))
     return lim.clamp(min=0)
+
+
+def verify_request_rows(batch: int, qlen: int, qo_indptr: torch.Tensor | None = None
+                        ) -> list[tuple[int, int]]:
+    """``(first row, rows)`` of each request: ``(b*qlen, qlen)``, or with ragged draft counts
+    ``(qo_indptr[b], qo_indptr[b+1] - qo_indptr[b])`` (a host read of ``qo_indptr``)."""
+    if qo_indptr is None:
+        return [(b * qlen, qlen) for b in range(batch)]
+    ptr = qo_indptr.tolist()
+    return [(ptr[b], ptr[b + 1] - ptr[b]) for b in range(batch)]
+
+
+def verify_visible(L: int, L_real: int | None, qlen: int, keys: torch.Tensor,
+                   tree_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``[qlen, len(keys)]`` bool: which of the (global) key positions ``keys`` each of a
+    request's ``qlen`` rows sees. Its draft tokens are its last ``qlen`` keys, ``[L - qlen, L)``;
+    every row sees the prefix before them. Row i sees draft token j (key ``L - qlen + j``) when
+    ``j <= i`` (the causal chain: keys below ``L - qlen + 1 + i``, ``verify_row_limits``) or,
+    with ``tree_rows`` (``[qlen]`` int64 masks), when bit j of ``tree_rows[i]`` is set. Nothing
+    at or past ``L_real`` (``L`` when None) is seen."""
+    if tree_rows is None:
+        lim = verify_row_limits(L, L_real, qlen).to(keys.device)
+        return keys[None, :] < lim[:, None]
+    end = L if L_real is None else min(L, L_real)
+    j = keys - (L - qlen)  # draft index of each key (negative: the prefix)
+    bit = (tree_rows.to(torch.int64)[:, None] >> j.clamp(0, 63)[None, :]) & 1
+    return (keys < end)[None, :] & ((j < 0)[None, :] | (bit != 0))
 
 
 def cp_global_positions(n: int, world: int, rank: int, interleave: int) -> torch.Tensor:
@@ -70,11 +99,15 @@ def decode_verify_ref(
     cp_world: int = 1,
     cp_rank: int = 0,
     cp_interleave: int = 1,
+    qo_indptr: torch.Tensor | None = None,
+    tree_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal MLA verify attention.
+    """Causal (or draft-tree) MLA verify attention.
 
     Args:
-        q: ``[B*qlen, H, Lk]``; request b's token t is row ``b*qlen + t``.
+        q: ``[B*qlen, H, Lk]``; request b's token t is row ``b*qlen + t``. With ``qo_indptr``
+            (``[B+1]`` ints): ``[R, H, Lk]``, request b's rows ``qo_indptr[b]:qo_indptr[b+1]``
+            (``qlen_b`` of them, its last ``qlen_b`` keys being its drafts).
         k_buffer: ``[num_pages, page_size, 1, Lk]`` or ``[num_pages*page_size, 1, Lk]``, any
             dtype. V is ``k_buffer[..., :Lv]``. An fp8 cache is dequantized by ``k_scale``;
             ``k_scale`` is ignored for 16-bit caches, as the kernels ignore it.
@@ -85,40 +118,47 @@ def decode_verify_ref(
             ``req_to_token`` the rank's shard, whose local key ``j`` holds global position
             ``cp_global_positions(L, ...)[j]``; row t sees the local keys whose global position
             is below its limit. The result is the rank's partial (o, lse).
+        tree_mask: ``[rows]`` int64 or None: row i of request b sees draft token j (key
+            ``L - qlen_b + j``) iff bit j of its mask is set (None: the causal chain, j <= i);
+            see :func:`verify_visible`.
 
     Returns:
-        ``o`` ``[B*qlen, H, Lv]`` and ``lse`` ``[B*qlen, H]`` (natural log), both in
-        ``compute_dtype``. Rows with no key get ``o = 0`` and ``lse = -inf``.
+        ``o`` ``[rows, H, Lv]`` and ``lse`` ``[rows, H]`` (natural log), both in
+        ``compute_dtype``. Rows with no key, and rows of no request, get ``o = 0`` and
+        ``lse = -inf``.
     """
     rows, heads, Lk = q.shape
-    batch = rows // qlen
+    batch = seq_lens.shape[0]
     pages = cache_pages(k_buffer, page_size)
     scale = 1.0 if k_scale is None or k_buffer.dtype not in FP8_DTYPES else float(k_scale)
     o = torch.zeros(rows, heads, Lv, dtype=compute_dtype, device=q.device)
     lse = torch.full((rows, heads), float("-inf"), dtype=compute_dtype, device=q.device)
     lens = seq_lens.tolist()
     reals = real_seq_lens.tolist() if real_seq_lens is not None else [None] * batch
-    for b in range(batch):
-        lim = verify_row_limits(lens[b], reals[b], qlen).to(q.device)  # [qlen]
+    for b, (r0, n) in enumerate(verify_request_rows(batch, qlen, qo_indptr)):
+        if n <= 0:
+            continue
         # Global position of each key this call holds: all of them, or the rank's shard.
         if cp_world > 1:
             gpos = cp_global_positions(lens[b], cp_world, cp_rank, cp_interleave).to(q.device)
         else:
-            gpos = torch.arange(lens[b], device=q.device)
-        n_keys = int((gpos < lim.max()).sum())  # the keys any row sees: a prefix of gpos
+            gpos = torch.arange(max(lens[b], 0), device=q.device)
+        tree_rows = None if tree_mask is None else tree_mask[r0 : r0 + n]
+        visible = verify_visible(lens[b], reals[b], n, gpos, tree_rows)  # [n, keys]
+        seen = visible.any(dim=0).nonzero()
+        n_keys = int(seen.max()) + 1 if len(seen) else 0  # the keys any row sees: a prefix
         if n_keys == 0:
             continue
         table = req_to_token[b, : math.ceil(n_keys / page_size)].long()
         kv = pages[table].reshape(-1, Lk)[:n_keys].to(compute_dtype) * scale  # [n, Lk]
-        qb = q[b * qlen : (b + 1) * qlen].to(compute_dtype)  # [qlen, H, Lk]
+        qb = q[r0 : r0 + n].to(compute_dtype)  # [n, H, Lk]
         s = torch.einsum("thd,nd->thn", qb, kv) * sm_scale
-        visible = gpos[None, :n_keys] < lim[:, None]  # [qlen, n]
-        s = s.masked_fill(~visible[:, None, :], float("-inf"))
-        row_lse = torch.logsumexp(s, dim=-1)  # [qlen, H]; -inf where a row sees nothing
+        s = s.masked_fill(~visible[:, None, :n_keys], float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1)  # [n, H]; -inf where a row sees nothing
         safe = torch.where(torch.isinf(row_lse), torch.zeros_like(row_lse), row_lse)
         p = torch.exp(s - safe[..., None])
-        o[b * qlen : (b + 1) * qlen] = torch.einsum("thn,nd->thd", p, kv[:, :Lv])
-        lse[b * qlen : (b + 1) * qlen] = row_lse
+        o[r0 : r0 + n] = torch.einsum("thn,nd->thd", p, kv[:, :Lv])
+        lse[r0 : r0 + n] = row_lse
     return o, lse
 
 
@@ -245,22 +285,25 @@ def context_attention_ref(
 
 def decode_verify_op_ref(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens,
                          qlen, attn_logits, num_kv_splits, sm_scale, page_size, k_scale=None,
-                         cp_world=1, cp_rank=0, cp_interleave=1):
+                         cp_world=1, cp_rank=0, cp_interleave=1, qo_indptr=None, tree_mask=None):
     """The CPU kernel of ``mla::decode_verify``: checks the arguments and, since it synchronises
-    anyway, the data (:mod:`mla_ops.checked`), then writes ``o`` and ``lse``."""
+    anyway, the data (:mod:`mla_ops.checked`), then writes the rows of every request of ``o``
+    and ``lse`` (with ``qo_indptr``, rows from ``qo_indptr[B]`` on are left as they were)."""
     from . import checked, spec
 
     args = (q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
             attn_logits, num_kv_splits, sm_scale, page_size, k_scale, cp_world, cp_rank,
-            cp_interleave)
+            cp_interleave, qo_indptr, tree_mask)
     spec.python_checks()["decode_verify"](*args)
     checked.validate_decode_verify(*args)
     out, out_lse = decode_verify_ref(q, k_buffer, v_buffer.shape[-1], req_to_token, seq_lens,
                                      real_seq_lens, qlen, sm_scale, page_size, k_scale,
                                      cp_world=cp_world, cp_rank=cp_rank,
-                                     cp_interleave=cp_interleave)
-    o.copy_(out)
-    lse.copy_(out_lse)
+                                     cp_interleave=cp_interleave, qo_indptr=qo_indptr,
+                                     tree_mask=tree_mask)
+    used = q.shape[0] if qo_indptr is None else int(qo_indptr[-1])
+    o[:used].copy_(out[:used])
+    lse[:used].copy_(out_lse[:used])
 
 
 def context_attention_op_ref(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=True,

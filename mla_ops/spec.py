@@ -4,8 +4,8 @@ Each op is declared once, below, as its schema plus an ordered list of rules: a 
 exception it raises (``ValueError`` for shapes and values, ``TypeError`` for dtypes) and the
 message, which always starts with the argument's name. Conditions and messages are written in a
 small subset of Python (attribute reads such as ``x.shape[-1]``, ``x.stride(0)``, ``x.dim()``,
-``x.dtype``, arithmetic, comparisons, ``and``/``or``/``not``, and the helpers in
-:data:`HELPERS`), which is
+``x.dtype``, arithmetic, comparisons, ``and``/``or``/``not``, ``a if c else b``, and the helpers
+in :data:`HELPERS`), which is
 
 * compiled into one plain Python function per op (:func:`python_checks`): the checks of the
   public functions, and the fake implementations of the ops;
@@ -36,6 +36,7 @@ DTYPE_SETS = {
     "CACHE": ("float16", "bfloat16", "float32",
               "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"),
     "INT32": ("int32",),
+    "INT64": ("int64",),
     "INDEX": ("int32", "int64"),
     "F32": ("float32",),
 }
@@ -78,8 +79,8 @@ def dims(x, *names) -> list[Rule]:
     return [let(n, f"{x}.shape[{i}]") for i, n in enumerate(names)]
 
 
-def each(over, name, cond, msg, exc="ValueError") -> Rule:
-    return Rule("each", cond, exc, msg, name=name, over=over)
+def each(over, name, cond, msg, exc="ValueError", when=None) -> Rule:
+    return Rule("each", cond, exc, msg, when, name=name, over=over)
 
 
 def tensor(x, rank=None, dtypes=None, sizes=None, inner=False, optional=False,
@@ -211,7 +212,8 @@ DECODE_VERIFY = OpSpec(
     "(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, "
     "Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, "
     "Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, "
-    "Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()",
+    "Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, "
+    "Tensor? qo_indptr=None, Tensor? tree_mask=None) -> ()",
     _rules(
         tensor("q", 3, "ACT", inner=True),
         _cache_rules("q"),
@@ -232,9 +234,17 @@ DECODE_VERIFY = OpSpec(
               "q: expected head dim Lk={Lk} (k_buffer.shape[-1]), got shape {shape(q)}"),
         at_least("qlen", 1),
         dims("q", "rows", "heads"),
+        # Ragged draft counts: request b's rows are q[qo_indptr[b]:qo_indptr[b+1]] (at most qlen
+        # of them), so B comes from qo_indptr and q may have any number of rows (checked mode
+        # reads qo_indptr[B] <= rows).
+        tensor("qo_indptr", 1, "INT32", inner=True, optional=True),
+        check("qo_indptr.shape[0] >= 1",
+              "qo_indptr: expected [B+1] offsets (at least one), got shape {shape(qo_indptr)}",
+              when="qo_indptr is not None"),
         check("rows % qlen == 0",
-              "qlen: q has {rows} rows, not a multiple of qlen={qlen} (rows are [B*qlen, ...])"),
-        let("batch", "rows // qlen"),
+              "qlen: q has {rows} rows, not a multiple of qlen={qlen} (rows are [B*qlen, ...])",
+              when="qo_indptr is None"),
+        let("batch", "rows // qlen if qo_indptr is None else qo_indptr.shape[0] - 1"),
         tensor("o", 3, "q.dtype", ("rows", "heads", "Lv"), inner=True),
         tensor("lse", 2, "F32", ("rows", "heads")),
         tensor("req_to_token", 2, "INT32", inner=True),
@@ -251,13 +261,22 @@ DECODE_VERIFY = OpSpec(
         check("attn_logits.shape[0] >= rows and attn_logits.shape[1] == heads and "
               "attn_logits.shape[2] == num_kv_splits and attn_logits.shape[3] >= Lv + 1",
               "attn_logits: workspace too small for num_kv_splits={num_kv_splits}: expected "
-              "[B*qlen, H, num_kv_splits, Lv+1] = {tup(rows, heads, num_kv_splits, Lv + 1)} "
+              "[rows of q, H, num_kv_splits, Lv+1] = {tup(rows, heads, num_kv_splits, Lv + 1)} "
               "(at least), got {shape(attn_logits)}",
               when="attn_logits is not None and num_kv_splits > 1"),
         tensor("attn_logits", inner=True, when="attn_logits is not None and num_kv_splits > 1"),
         _scale_and_cp_rules(),
+        # Draft trees: bit j of row r's mask = the row sees draft token j of its request.
+        tensor("tree_mask", 1, "INT64", ("rows",), inner=True, optional=True),
+        check("qlen <= 64",
+              "tree_mask: a request's draft tokens are the bits of one int64, so qlen must be at "
+              "most 64, got qlen={qlen}", when="tree_mask is not None"),
+        check("cp_world == 1",
+              "tree_mask: draft trees are not supported with context parallelism (cp_world="
+              "{cp_world}): a rank's local keys are not its request's draft positions; verify "
+              "trees on one GPU", when="tree_mask is not None"),
         same_device("q", "k_buffer", "v_buffer", "o", "lse", "req_to_token", "seq_lens",
-                    "real_seq_lens", "attn_logits", "k_scale"),
+                    "real_seq_lens", "attn_logits", "k_scale", "qo_indptr", "tree_mask"),
     ),
     returns=("batch", "heads", "Lk", "Lv"),
 )
@@ -266,7 +285,8 @@ WARMUP_DECODE_VERIFY = OpSpec(
     "warmup_decode_verify",
     "(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, "
     "int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, "
-    "int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()",
+    "int cp_world=1, int cp_rank=0, int cp_interleave=1, bool varlen=False, "
+    "bool has_tree=False) -> ()",
     _rules(
         tensor("q", 3, "ACT", inner=True),
         _cache_rules("q"),
@@ -287,6 +307,12 @@ WARMUP_DECODE_VERIFY = OpSpec(
         each("qlens", "t", "t >= 1", "qlens: expected ints >= 1, got {qlens}"),
         tensor("attn_logits", None, "F32", optional=True),
         _scale_and_cp_rules(),
+        each("qlens", "t", "t <= 64",
+             "has_tree: a request's draft tokens are the bits of one int64, so every qlen must "
+             "be at most 64, got {qlens}", when="has_tree"),
+        check("cp_world == 1",
+              "has_tree: draft trees are not supported with context parallelism (cp_world="
+              "{cp_world})", when="has_tree"),
         same_device("q", "k_buffer", "o", "lse", "req_to_token", "attn_logits", "k_scale"),
     ),
 )
@@ -532,6 +558,9 @@ class _Cpp(ast.NodeVisitor):
     def visit_UnaryOp(self, node):
         op = {ast.Not: "!", ast.USub: "-"}[type(node.op)]
         return f"({op}{self.visit(node.operand)})"
+
+    def visit_IfExp(self, node):  # a if cond else b (both branches of one type)
+        return f"({self.visit(node.test)} ? {self.visit(node.body)} : {self.visit(node.orelse)})"
 
     def visit_BoolOp(self, node):
         op = " && " if isinstance(node.op, ast.And) else " || "
