@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 from typing import Callable
 
 import torch
@@ -101,8 +102,16 @@ def public_launcher(op: str, reference: str, *, launches: bool = True
     only compiles, takes it and does nothing."""
 
     def wrap(launch: Callable) -> Callable:
+        # The op's own kernel passes every schema argument positionally; those the function
+        # takes keyword-only (after its positional ones) are passed to it by name.
+        positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                         for p in inspect.signature(launch).parameters.values())
+
         @functools.wraps(launch)
         def call(*args, **kwargs):
+            if len(args) > positional:
+                kwargs.update(zip(_op_args(op)[positional:], args[positional:]))
+                args = args[:positional]
             first = args[0] if args else kwargs.get(_op_args(op)[0])
             if isinstance(first, torch.Tensor) and first.is_cpu:
                 if not interpreter_enabled():

@@ -70,6 +70,21 @@ def _cp_local_len(n, cp_rank, CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexp
 
 
 @triton.jit
+def _request_rows(Qo_Indptr, pid_b, num_rows, QLEN: tl.constexpr):
+    """``(first row, rows, bad)`` of request ``pid_b`` from ``Qo_Indptr`` (ragged draft counts),
+    clamped so that no row outside ``[0, num_rows)`` and no more than ``QLEN`` rows are ever
+    addressed; ``bad`` when clamping changed anything (offsets negative, decreasing, past the
+    rows or more than QLEN apart): the request is then marked like one with out-of-range
+    metadata."""
+    start = tl.load(Qo_Indptr + pid_b)
+    end = tl.load(Qo_Indptr + pid_b + 1)
+    row_base = tl.minimum(tl.maximum(start, 0), num_rows)
+    count = tl.minimum(tl.minimum(tl.maximum(end, row_base), num_rows) - row_base, QLEN)
+    bad = (start < 0) | (end < start) | (end > num_rows) | (end - start > QLEN)
+    return row_base, count, bad
+
+
+@triton.jit
 def _page_in_cache(page, num_pages):
     """``(page clamped into [0, num_pages), the index as uint32)``, any shape. As unsigned, a
     negative index is huge, so one unsigned min clamps both ends (to ``num_pages - 1``); the
@@ -104,6 +119,20 @@ def _kv_offsets(
             pages = tl.load(Req_to_Token + req_row + offs_n // PAGE_SIZE)
         pages, raw = _page_in_cache(pages, num_pages)
         return pages.to(tl.int64) * stride_kpage + tok_off, raw
+
+
+@triton.jit
+def _tree_visible(tree_rows, d0, BLOCK_N: tl.constexpr, KEY_AX: tl.constexpr):
+    """Which keys of a block each row sees under its draft-tree mask: ``[BLOCK_H, BLOCK_N]``
+    (``KEY_AX`` 1; 0: transposed). Key ``c`` of the block is draft token ``j = d0 + c`` (``d0``:
+    the block's first key minus the drafts' first); it needs bit j of the row's mask
+    (``tree_rows`` ``[BLOCK_H]`` int64), and ``j < 0`` (the prefix) is every row's. (One 64-bit
+    shift per score: aligning each row's mask to the block first and testing 32-bit halves,
+    as the Gluon kernel does, spilled more here, offline for sm_90a.)"""
+    draft = d0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] draft index of each key
+    shift = tl.minimum(tl.maximum(draft, 0), 63).to(tl.int64)
+    bit = (tl.expand_dims(tree_rows, KEY_AX) >> tl.expand_dims(shift, 1 - KEY_AX)) & 1
+    return (tl.expand_dims(draft, 1 - KEY_AX) < 0) | (bit != 0)
 
 
 @triton.jit
@@ -152,15 +181,20 @@ def _attend_block(
     acc0, acc1, m_i, l_i,
     q0, q1, q_pe,
     K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end, row_lim,
-    stride_kpage, stride_ktok, qk_scale, num_pages,
+    stride_kpage, stride_ktok, qk_scale, num_pages, tree_rows, draft_start,
     BLOCK_N: tl.constexpr, BLOCK_DMODEL: tl.constexpr, BLOCK_DPE: tl.constexpr,
     PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr, QSPLIT: tl.constexpr, MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SWAP_AB: tl.constexpr, USE_TMA: tl.constexpr,
+    HAS_TREE: tl.constexpr,
 ):
     """One KV block ``[start_n, start_n + BLOCK_N)`` for all rows of the tile (online softmax).
 
     MASKED=False is only used for blocks entirely below every row's limit and the split end,
     so neither the loads nor the scores need a mask there.
+
+    HAS_TREE: ``tree_rows`` ``[BLOCK_H]`` int64 holds each row's draft-tree mask, and a masked
+    block also hides draft token ``j = key - draft_start`` (``j >= 0``) from the rows whose bit
+    j is clear. (Unmasked blocks hold only prefix keys, which every row sees.)
 
     SWAP_AB: the transposed problem (see ``_score_dot``). q0 / q1 / q_pe are ``[D, BLOCK_H]``,
     acc0 / acc1 ``[D, BLOCK_H]``, the scores ``[BLOCK_N, BLOCK_H]``; the key axis, along which
@@ -224,6 +258,8 @@ def _attend_block(
         # Per-row causal / real-length limit; also masks the block's tokens past the split end
         # (row_lim is capped by kv_end for that purpose).
         visible = tl.expand_dims(offs_n, 1 - KEY_AX) < tl.expand_dims(row_lim, KEY_AX)  # [BLOCK_H, BLOCK_N]
+        if HAS_TREE:
+            visible = visible & _tree_visible(tree_rows, start_n - draft_start, BLOCK_N, KEY_AX)
         qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, axis=KEY_AX))  # [BLOCK_H]
     # A row that has seen no key yet keeps m = -inf; subtracting 0 instead keeps
@@ -265,13 +301,14 @@ def _stage1_program(
     pid, Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse,
     stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok, stride_mid_m, stride_mid_h,
     stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh, K_Scale, batch, num_kv_splits,
-    num_pages, kv_capacity,
+    num_pages, kv_capacity, Qo_Indptr, Tree_Mask, num_rows,
     QLEN: tl.constexpr, NUM_HEADS: tl.constexpr, HAS_REAL: tl.constexpr, BLOCK_DMODEL: tl.constexpr,
     BLOCK_DPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr, MIN_SPLIT_LEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
     QSPLIT: tl.constexpr, SINGLE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FP8_DOT_FP16: tl.constexpr, SWAP_AB: tl.constexpr, USE_TMA: tl.constexpr, cp_rank,
-    CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexpr,
+    CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_TREE: tl.constexpr,
 ):
     """Stage 1 for one (row block, request, split) ``pid``: the arguments of
     ``_fwd_verify_stage1`` (documented there). A function of its own so that the non-persistent
@@ -291,15 +328,30 @@ def _stage1_program(
     else:
         real_len = seq_len
 
+    # The request's rows of q / o / lse: qlen_b of them from row_base.
+    if VARLEN:
+        row_base, qlen_b, rows_bad = _request_rows(Qo_Indptr, pid_b, num_rows, QLEN)
+    else:
+        qlen_b = QLEN  # (row_base = pid_b * QLEN, computed where it is used)
     offs_r = pid_rb * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] rows of the request
-    row_valid = offs_r < QLEN * NUM_HEADS
+    row_valid = offs_r < qlen_b * NUM_HEADS
     tok = offs_r // NUM_HEADS
     head = offs_r % NUM_HEADS
-    row_lim = tl.minimum(seq_len - QLEN + 1 + tok, real_len)
+    if HAS_TREE:
+        # Any row may see any key of the request: the tree decides, in the masked blocks from
+        # the drafts' first key on; the prefix before it is every row's.
+        tl.static_assert(CP_WORLD == 1)
+        draft_start = seq_len - qlen_b
+        row_lim = tl.minimum(seq_len, real_len) + tok * 0
+    else:
+        draft_start = seq_len  # unused
+        row_lim = tl.minimum(seq_len - qlen_b + 1 + tok, real_len)
     row_lim = tl.where(row_valid, tl.maximum(row_lim, 0), 0)  # [BLOCK_H]
     # The keys the request's last row sees: the table entries the whole request reads.
     req_lim = tl.maximum(tl.minimum(seq_len, real_len), 0)
     marked = seq_len < 0
+    if VARLEN:
+        marked = marked | rows_bad
     if CP_WORLD > 1:
         # Global limits and length -> this rank's: a row's keys are a prefix of the local cache,
         # and the splits cut the local length. Everything below is in local positions.
@@ -312,6 +364,10 @@ def _stage1_program(
     seq_len = tl.minimum(seq_len, kv_capacity)
     min_lim = tl.min(tl.where(row_valid, row_lim, 2147483647), axis=0)
     max_lim = tl.max(row_lim, axis=0)
+    if HAS_TREE:
+        min_lim = tl.minimum(min_lim, tl.maximum(tl.minimum(draft_start, real_len), 0))
+    if VARLEN:
+        min_lim = tl.minimum(min_lim, max_lim)  # a row block past the request's rows has none
 
     # Split s of request b covers [s * chunk, min((s + 1) * chunk, L)).
     chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
@@ -338,8 +394,15 @@ def _stage1_program(
         marked = marked | (tl.max(pages.to(tl.uint32, bitcast=True), axis=0) >= num_pages.to(tl.uint32))
 
     # Queries of the tile, kept for the whole pass.
-    q_row = (pid_b * QLEN + tok).to(tl.int64)
+    if VARLEN:
+        q_row = (row_base + tok).to(tl.int64)
+    else:
+        q_row = (pid_b * QLEN + tok).to(tl.int64)
     p_q = Q + q_row[:, None] * stride_qm + head[:, None] * stride_qh  # [BLOCK_H, 1]
+    if HAS_TREE:
+        tree_rows = tl.load(Tree_Mask + q_row, mask=row_valid, other=0)  # [BLOCK_H] int64
+    else:
+        tree_rows = row_lim  # unused
     HALF: tl.constexpr = BLOCK_DMODEL // 2
     if QSPLIT:
         offs_d = tl.arange(0, HALF)
@@ -391,9 +454,9 @@ def _stage1_program(
     for start_n in range(split_start, full_end, BLOCK_N):
         acc0, acc1, m_i, l_i, raw = _attend_block(
             acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end,
-            row_lim, stride_kpage, stride_ktok, qk_scale, num_pages,
+            row_lim, stride_kpage, stride_ktok, qk_scale, num_pages, tree_rows, draft_start,
             BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, False, DOT_PRECISION, SWAP_AB,
-            USE_TMA,
+            USE_TMA, HAS_TREE,
         )
         page_max = tl.maximum(page_max, raw)
     # The tail where rows' limits (or the split end) fall: loads bounded by kv_end, scores by
@@ -402,9 +465,9 @@ def _stage1_program(
     for start_n in range(full_end, kv_end, BLOCK_N):
         acc0, acc1, m_i, l_i, raw = _attend_block(
             acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end,
-            row_lim_split, stride_kpage, stride_ktok, qk_scale, num_pages,
+            row_lim_split, stride_kpage, stride_ktok, qk_scale, num_pages, tree_rows, draft_start,
             BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, True, DOT_PRECISION, SWAP_AB,
-            USE_TMA,
+            USE_TMA, HAS_TREE,
         )
         page_max = tl.maximum(page_max, raw)
     if not ONE_PAGE:
@@ -441,7 +504,8 @@ def _stage1_program(
 
 
 @triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "batch", "num_kv_splits",
-                               "num_pages", "kv_capacity", "cp_rank"])
+                               "num_pages", "kv_capacity", "cp_rank", "num_rows"],
+            do_not_specialize_on_alignment=["Qo_Indptr", "Tree_Mask"])
 def _fwd_verify_stage1(
     Q,  # [B*qlen, H, Lk]
     K_Buffer,  # paged latent cache, element offsets computed from the page / token strides
@@ -472,7 +536,10 @@ def _fwd_verify_stage1(
     num_pages,  # pages in the cache: page indices are clamped into [0, num_pages)
     kv_capacity,  # max_pages * PAGE_SIZE (0 for an empty cache): longer (local) lengths are clamped
     cp_rank,  # CP_WORLD > 1: this rank; None otherwise (a constexpr None: not a kernel argument)
-    QLEN: tl.constexpr,
+    Qo_Indptr,  # VARLEN: [B+1] int32, request b's rows [Qo_Indptr[b], Qo_Indptr[b+1]) (else None)
+    Tree_Mask,  # HAS_TREE: [rows] int64, bit j: the row sees draft token j (else None)
+    num_rows,  # VARLEN: rows of q / o / lse (request rows are clamped into them; else None)
+    QLEN: tl.constexpr,  # verify tokens per request (VARLEN: the most a request has)
     NUM_HEADS: tl.constexpr,
     HAS_REAL: tl.constexpr,
     BLOCK_DMODEL: tl.constexpr,
@@ -492,6 +559,8 @@ def _fwd_verify_stage1(
     USE_PDL: tl.constexpr,  # stage 2 follows by programmatic dependent launch (see stage 2)
     CP_WORLD: tl.constexpr,  # context-parallel ranks (1: the single-GPU kernel; see the top)
     CP_INTERLEAVE: tl.constexpr,  # tokens per round-robin block of the sharded cache
+    VARLEN: tl.constexpr = False,  # ragged draft counts through Qo_Indptr (see the top)
+    HAS_TREE: tl.constexpr = False,  # draft trees through Tree_Mask (see the top)
 ):
     if USE_PDL:
         # Stage 2 may be launched now; it waits for this grid's completion before reading Mid.
@@ -506,25 +575,27 @@ def _fwd_verify_stage1(
                 pid, Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens,
                 Mid, O, Lse, stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok,
                 stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm,
-                stride_lh, K_Scale, batch, num_kv_splits, num_pages, kv_capacity, QLEN, NUM_HEADS,
-                HAS_REAL, BLOCK_DMODEL,
+                stride_lh, K_Scale, batch, num_kv_splits, num_pages, kv_capacity, Qo_Indptr, Tree_Mask,
+                num_rows, QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL,
                 BLOCK_DPE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE,
                 DOT_PRECISION, FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE,
+                VARLEN, HAS_TREE,
             )
     else:
         _stage1_program(
             tl.program_id(0), Q, K_Buffer, K_Desc, Kpe_Desc, qk_scale, Req_to_Token, Seq_Lens,
             Real_Lens, Mid, O, Lse, stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok,
             stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
-            K_Scale, batch, num_kv_splits, num_pages, kv_capacity, QLEN, NUM_HEADS, HAS_REAL,
-            BLOCK_DMODEL, BLOCK_DPE,
+            K_Scale, batch, num_kv_splits, num_pages, kv_capacity, Qo_Indptr, Tree_Mask, num_rows,
+            QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL, BLOCK_DPE,
             BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE, DOT_PRECISION,
-            FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE,
+            FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE, VARLEN, HAS_TREE,
         )
 
 
 @triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits",
-                               "kv_capacity", "cp_rank"])
+                               "kv_capacity", "cp_rank", "num_rows"],
+            do_not_specialize_on_alignment=["Qo_Indptr"])
 def _fwd_verify_stage2(
     Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32
     O,  # [B*qlen, H, Lv]
@@ -541,6 +612,8 @@ def _fwd_verify_stage2(
     num_kv_splits,
     kv_capacity,  # as in stage 1
     cp_rank,  # as in stage 1
+    Qo_Indptr,  # as in stage 1
+    num_rows,  # as in stage 1
     QLEN: tl.constexpr,
     HAS_REAL: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
@@ -551,24 +624,38 @@ def _fwd_verify_stage2(
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of stage 1
     CP_WORLD: tl.constexpr,
     CP_INTERLEAVE: tl.constexpr,
+    VARLEN: tl.constexpr = False,  # as in stage 1
+    HAS_TREE: tl.constexpr = False,  # as in stage 1
 ):
     if USE_PDL:
         # Launched before stage 1 has finished (its launch latency hidden behind stage 1's
         # tail); this waits until stage 1 completed and its writes are visible.
         gdc_wait()
-    pid_m = tl.program_id(0)  # q row b * qlen + t
+    pid_m = tl.program_id(0)  # token t of request b: b * QLEN + t (its q row, unless VARLEN)
     pid_h = tl.program_id(1)
     pid_d = tl.program_id(2)  # columns [pid_d * BLOCK_DV, (pid_d + 1) * BLOCK_DV) of o
     pid_b = pid_m // QLEN
     tok = pid_m % QLEN
+    if VARLEN:
+        row_base, qlen_b, rows_bad = _request_rows(Qo_Indptr, pid_b, num_rows, QLEN)
+        row = row_base + tok
+        row_ok = tok < qlen_b  # else a token the request does not have: nothing read or written
+    else:
+        row = pid_m
+        qlen_b = QLEN
     seq_len = tl.load(Seq_Lens + pid_b)
     if HAS_REAL:
         real_len = tl.load(Real_Lens + pid_b)
     else:
         real_len = seq_len
-    lim = tl.maximum(tl.minimum(seq_len - QLEN + 1 + tok, real_len), 0)
+    if HAS_TREE:  # the row's splits are all the request's (the tree picks its keys)
+        lim = tl.maximum(tl.minimum(seq_len, real_len), 0)
+    else:
+        lim = tl.maximum(tl.minimum(seq_len - qlen_b + 1 + tok, real_len), 0)
     req_lim = tl.maximum(tl.minimum(seq_len, real_len), 0)  # the request's last row's limit
     len_bad = seq_len < 0
+    if VARLEN:
+        len_bad = len_bad | rows_bad
     if CP_WORLD > 1:  # local limits and length, as in stage 1
         lim = _cp_local_len(lim, cp_rank, CP_WORLD, CP_INTERLEAVE)
         req_lim = _cp_local_len(req_lim, cp_rank, CP_WORLD, CP_INTERLEAVE)
@@ -582,10 +669,12 @@ def _fwd_verify_stage2(
     chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
     n_splits = tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
     n_req = tl.minimum(tl.cdiv(req_lim, chunk), num_kv_splits)
+    if VARLEN:
+        n_req = tl.where(row_ok, n_req, 0)
 
     offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
     mask_d = offs_d < Lv
-    p_mid = Mid + pid_m.to(tl.int64) * stride_mid_m + pid_h * stride_mid_h
+    p_mid = Mid + row.to(tl.int64) * stride_mid_m + pid_h * stride_mid_h
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
@@ -616,7 +705,14 @@ def _fwd_verify_stage2(
     marked = len_bad | (l_i != l_i)
     out = tl.where(marked, float("nan"), out)
     lse = tl.where(marked, float("nan"), lse)
-    tl.store(O + pid_m.to(tl.int64) * stride_om + pid_h * stride_oh + offs_d,
+    if VARLEN:
+        # (A vector mask: triton 3.9's interpreter cannot combine a loaded scalar's test with one.)
+        mask_d = mask_d & (offs_d * 0 + tok < qlen_b)
+    tl.store(O + row.to(tl.int64) * stride_om + pid_h * stride_oh + offs_d,
              out.to(O.dtype.element_ty), mask=mask_d)
     if pid_d == 0:
-        tl.store(Lse + pid_m.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)
+        if VARLEN:
+            if row_ok:
+                tl.store(Lse + row.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)
+        else:
+            tl.store(Lse + row.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)

@@ -216,13 +216,16 @@ def decode_attention_fwd_verify(
     cp_rank=0,
     cp_interleave=1,
     *,
+    qo_indptr=None,
+    tree_mask=None,
     config: dict[str, Any] | None = None,
 ):
-    """Causal MLA verify attention over a per-request block table.
+    """Causal (or draft-tree) MLA verify attention over a per-request block table.
 
     Args:
         q: ``[B*qlen, H, Lk]`` bf16/fp16 (fp32 under the interpreter); request b's token t is
-            row ``b*qlen + t``; any row/head strides, last dim contiguous.
+            row ``b*qlen + t`` (with ``qo_indptr``: ``[R, H, Lk]``, row ``qo_indptr[b] + t``);
+            any row/head strides, last dim contiguous.
         k_buffer: paged latent cache ``[num_pages, page_size, 1, Lk]`` or
             ``[num_pages*page_size, 1, Lk]``, dtype of q or fp8 (with ``k_scale``); any page
             stride (a layer's view of a cross-layer cache).
@@ -235,7 +238,7 @@ def decode_attention_fwd_verify(
         real_seq_lens: ``[B]`` int32 or None; row t's limit is
             ``max(min(L - qlen + 1 + t, L_real), 0)``.
         qlen: verify tokens per request.
-        attn_logits: fp32 workspace ``[B*qlen, H, num_kv_splits, Lv+1]`` (or larger rows) —
+        attn_logits: fp32 workspace ``[rows of q, H, num_kv_splits, Lv+1]`` (or larger rows) —
             written when ``num_kv_splits > 1``; may be None when it is 1.
         num_kv_splits: static cap on KV splits per request; shorter requests use fewer.
         sm_scale: softmax scale (finite, positive).
@@ -250,6 +253,17 @@ def decode_attention_fwd_verify(
             are that partial result (``lse = -inf``, ``o = 0`` where the rank holds none of its
             keys), to be merged across ranks by LSE (``mla_ops.context_parallel``). The split
             cap applies to the local length. ``cp_world == 1`` is the single-GPU kernel.
+        qo_indptr: keyword-only ``[B+1]`` int32, ragged draft counts: request b's rows are
+            ``q[qo_indptr[b]:qo_indptr[b+1]]``, ``qlen_b`` of them with ``0 <= qlen_b <= qlen``
+            (``qlen`` is then the largest), its drafts being its last ``qlen_b`` keys (row t's
+            limit is ``max(min(L - qlen_b + 1 + t, L_real), 0)``). q, o, lse (and the
+            workspace) have R >= ``qo_indptr[B]`` rows; rows from ``qo_indptr[B]`` on are not
+            written. None: ``qlen`` rows per request.
+        tree_mask: keyword-only ``[R]`` int64 draft trees: row i of request b sees draft token j
+            (key ``L - qlen_b + j``) iff bit j of ``tree_mask[row]`` is set, the prefix
+            ``[0, L - qlen_b)`` always; keys at or past ``L_real`` never. ``qlen <= 64``; not
+            with context parallelism. None: the causal chain (bit j set for j <= i), exactly
+            the results without it.
         config: keyword-only overrides of the selected launch config (benchmarks, sweeps).
 
     Metadata only the data can show wrong is validated by checked mode (``mla_ops.checked``).
@@ -257,11 +271,15 @@ def decode_attention_fwd_verify(
     cache and lengths into the block table before they form an address, and a request with a
     page index outside ``[0, num_pages)`` among the keys it reads (``[0, min(L, L_real))``), a
     length past ``max_pages * page_size`` or a negative length gets ``o = NaN`` and
-    ``lse = NaN`` in all its rows; the other requests are unaffected.
+    ``lse = NaN`` in all its rows; the other requests are unaffected. ``qo_indptr`` offsets
+    are clamped into ``[0, R]`` and a request's rows to at most ``qlen``: a request whose
+    offsets needed it (negative, decreasing, past R, more than qlen rows) gets NaN in the rows
+    it was clamped to (which may be another request's). ``tree_mask`` bits at or past a
+    request's draft count name keys it does not have and are ignored.
     """
     args = (q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
             attn_logits, num_kv_splits, sm_scale, page_size, k_scale, cp_world, cp_rank,
-            cp_interleave)
+            cp_interleave, qo_indptr, tree_mask)
     batch, num_heads, Lk, Lv = _CHECK["decode_verify"](*args)
     if checked.enabled():
         checked.validate_decode_verify(*args)
@@ -274,20 +292,20 @@ def decode_attention_fwd_verify(
         if why:  # what only the tensors show (pointer alignment): the portable kernel
             cfg = select_verify_config(batch, qlen, num_heads, fp8=k_buffer.dtype in FP8_DTYPES,
                                        config={**(config or {}), "family": "triton"})
-    if batch == 0 or num_heads == 0:
+    if batch == 0 or num_heads == 0 or q.shape[0] == 0:
         return
     with device_guard(q.device):
         _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
                 attn_logits, num_kv_splits, sm_scale, page_size, k_scale, Lk, Lv,
-                cp_world, cp_rank, cp_interleave)
+                cp_world, cp_rank, cp_interleave, batch, qo_indptr, tree_mask)
 
 
 def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen, attn_logits,
             num_kv_splits, sm_scale, page_size, k_scale, Lk, Lv, cp_world, cp_rank,
-            cp_interleave):
+            cp_interleave, batch, qo_indptr, tree_mask):
     """Stage 1, then (several splits) stage 2, of a checked call under its device."""
     plat = platform.current()
-    batch, num_heads = q.shape[0] // qlen, q.shape[1]
+    num_heads = q.shape[1]
     single = num_kv_splits == 1
     if single:
         # Stage 1 writes o / lse directly; o only stands in for the workspace pointer.
@@ -304,14 +322,19 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     cp_rank_arg = cp_rank if cp_world > 1 else None
     cp = {"CP_WORLD": cp_world, "CP_INTERLEAVE": cp_interleave if cp_world > 1 else 1}
     num_pages, kv_capacity = cache_bounds(k_buffer, req_to_token, page_size)
+    # Ragged rows / draft trees: constexpr-gated, so that a call without them runs exactly the
+    # kernels without them (None arguments are constexprs, not kernel arguments).
+    drafts = {"VARLEN": qo_indptr is not None, "HAS_TREE": tree_mask is not None}
+    num_rows = q.shape[0] if qo_indptr is not None else None
     if cfg["family"] == "gluon":
         launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
                                    o, lse, attn_logits, qlen, num_kv_splits, sm_scale, page_size,
-                                   Lv, cfg, cp_world, cp_rank, cp_interleave)
+                                   Lv, cfg, cp_world, cp_rank, cp_interleave, batch=batch,
+                                   qo_indptr=qo_indptr, tree_mask=tree_mask)
         if not single:
             _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides,
                            qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, False, kv_capacity,
-                           **cp)
+                           batch, qo_indptr, num_rows, drafts, **cp)
         return
     stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
     launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
@@ -332,7 +355,8 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        k_scale, batch, num_kv_splits, num_pages, kv_capacity, cp_rank_arg,
+        k_scale, batch, num_kv_splits, num_pages, kv_capacity, cp_rank_arg, qo_indptr, tree_mask,
+        num_rows,
         QLEN=qlen,
         NUM_HEADS=num_heads,
         HAS_REAL=has_real,
@@ -352,27 +376,32 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         PERSISTENT=persistent,
         USE_PDL=use_pdl,
         **cp,
+        **drafts,
         **launch_kw,
     )
     if single:
         return
     _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
-                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity, **cp)
+                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity, batch,
+                   qo_indptr, num_rows, drafts, **cp)
 
 
 def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
-                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity,
-                   CP_WORLD=1, CP_INTERLEAVE=1):
+                   num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity, batch=None,
+                   qo_indptr=None, num_rows=None, drafts=None, CP_WORLD=1, CP_INTERLEAVE=1):
     """The split merge (portable Triton), with the chunking of the config stage 1 ran and the
-    ``kv_capacity`` of :func:`cache_bounds` (lengths past it are clamped and marked alike)."""
+    ``kv_capacity`` of :func:`cache_bounds` (lengths past it are clamped and marked alike).
+    One program per (request, token up to ``qlen``, head, column block): with ``qo_indptr``
+    the tokens a request does not have write nothing."""
     block_dv = next_power_of_2(Lv)
     if cfg["S2_BLOCK_DV"]:
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
-    launch(kernels._fwd_verify_stage2, (o.shape[0], num_heads, cdiv(Lv, block_dv)),
+    tokens = o.shape[0] if batch is None else batch * qlen  # == o.shape[0] without qo_indptr
+    launch(kernels._fwd_verify_stage2, (tokens, num_heads, cdiv(Lv, block_dv)),
         attn_logits, o, lse, seq_lens, real,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        num_kv_splits, kv_capacity, cp_rank_arg,
+        num_kv_splits, kv_capacity, cp_rank_arg, qo_indptr, num_rows,
         QLEN=qlen,
         HAS_REAL=has_real,
         SPLIT_ALIGN=cfg["SPLIT_ALIGN"],
@@ -383,6 +412,7 @@ def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strid
         USE_PDL=use_pdl,
         CP_WORLD=CP_WORLD,
         CP_INTERLEAVE=CP_INTERLEAVE,
+        **(drafts or {}),
         num_warps=cfg["s2_num_warps"],
         num_stages=1,
         **({"launch_pdl": True} if use_pdl else {}),
@@ -435,6 +465,8 @@ def warmup_decode_attention_fwd_verify(
     cp_world=1,
     cp_rank=0,
     cp_interleave=1,
+    varlen=False,
+    has_tree=False,
     *,
     batches: Sequence[int] | None = None,
     config: dict[str, Any] | None = None,
@@ -444,7 +476,9 @@ def warmup_decode_attention_fwd_verify(
     For each qlen in ``qlens``: each config the arch's table can select for these heads (one
     representative batch per bucket, or the given ``batches``), with one split and with several
     (``attn_logits.shape[2]`` if given, else 2; every cap > 1 shares one variant), with
-    real_seq_lens iff ``has_real``. Each runs once on scratch tensors with the strides (and
+    real_seq_lens iff ``has_real``, with ``qo_indptr`` (ragged draft counts, qlen the largest)
+    iff ``varlen`` and with ``tree_mask`` iff ``has_tree``. (Their alignment is not specialized
+    on: any ``qo_indptr`` / ``tree_mask`` tensor runs the variant compiled here.) Each runs once on scratch tensors with the strides (and
     pointer alignment) of the real ones; no caller-visible tensor is written. Also creates the
     default ``k_scale`` so that a later capture allocates nothing.
 
@@ -453,7 +487,7 @@ def warmup_decode_attention_fwd_verify(
     """
     _CHECK["warmup_decode_verify"](q, k_buffer, o, lse, req_to_token, has_real, qlens,
                                    attn_logits, sm_scale, page_size, k_scale, cp_world, cp_rank,
-                                   cp_interleave)
+                                   cp_interleave, varlen, has_tree)
     num_heads, Lv = q.shape[1], o.shape[-1]
     dev = q.device
     with device_guard(dev):
@@ -473,6 +507,10 @@ def warmup_decode_attention_fwd_verify(
                 rows = batch * qlen
                 seq_lens = torch.full((batch,), qlen, dtype=torch.int32, device=dev)
                 block_table = _scratch_like(req_to_token, batch).zero_()
+                qo_indptr = (torch.arange(0, rows + 1, qlen, dtype=torch.int32, device=dev)
+                             if varlen else None)
+                tree_mask = (torch.full((rows,), (1 << qlen) - 1 if qlen < 64 else -1,
+                                        dtype=torch.int64, device=dev) if has_tree else None)
                 for num_kv_splits in (1, splits_many):
                     workspace = None
                     if num_kv_splits > 1:
@@ -482,4 +520,5 @@ def warmup_decode_attention_fwd_verify(
                         _scratch_like(q, rows).zero_(), k_buffer, v_buffer,
                         _scratch_like(o, rows), _scratch_like(lse, rows), block_table, seq_lens,
                         seq_lens if has_real else None, qlen, workspace, num_kv_splits, sm_scale,
-                        page_size, k_scale, cp_world, cp_rank, cp_interleave, config=config)
+                        page_size, k_scale, cp_world, cp_rank, cp_interleave,
+                        qo_indptr=qo_indptr, tree_mask=tree_mask, config=config)
