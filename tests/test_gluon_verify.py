@@ -67,9 +67,10 @@ def _is_hopper() -> bool:
 
 
 def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str = "redundant",
-             cp: bool = False):
+             cp: bool = False, drafts: bool = False):
     """The sm_90a cubin of one launch variant and ptxas's report: (kernel, ptxas stderr).
-    ``cp``: a context-parallel rank's kernel (2 ranks, interleave 64; the rank a runtime int)."""
+    ``cp``: a context-parallel rank's kernel (2 ranks, interleave 64; the rank a runtime int).
+    ``drafts``: with ragged draft counts and draft trees (``qo_indptr`` and ``tree_mask``)."""
     from triton.experimental.gluon import language as gl
 
     from mla_ops.decode_verify import gluon_kernels as gk
@@ -93,6 +94,9 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs.update(CP_WORLD=2, CP_INTERLEAVE=64)
     else:
         constexprs.update(cp_rank=None, CP_WORLD=1, CP_INTERLEAVE=1)
+    if drafts:
+        sig.update(Qo_Indptr="*i32", Tree_Mask="*i64", num_rows="i32")
+        constexprs.update(VARLEN=True, HAS_TREE=True)
     fn = gk._verify_stage1_alt if schedule.startswith("alt") else gk._verify_stage1_ws
     if schedule == "alt-qkfirst":
         constexprs["QK_FIRST"] = True
@@ -103,17 +107,23 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
 # and SINGLE only in the epilogue's stores: each kernel is compiled at (H16, splits > 1) and
 # (H128, one split), which covers both of each and keeps this test near a minute on a 2-core
 # machine. A context-parallel rank's kernel differs only in its limits: one of each schedule.
-VARIANTS = [(name, h, sched, fp8, single, False) for name in sorted(PROPOSED_CONFIGS)
+VARIANTS = [(name, h, sched, fp8, single, False, False) for name in sorted(PROPOSED_CONFIGS)
             for sched, fp8 in (("alt", False), ("redundant", False), ("redundant", True))
             for h, single in ((16, False), (128, True))]
-VARIANTS += [(name, 128, "alt-qkfirst", False, False, False) for name in sorted(PROPOSED_CONFIGS)]
-VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, False, True)
+VARIANTS += [(name, 128, "alt-qkfirst", False, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, False, True, False)
              for h, sched, fp8 in ((16, "alt", False), (16, "redundant", True), (128, "alt-qkfirst", False))]
+# Ragged draft counts and draft trees (qo_indptr + tree_mask): each kernel once at H16 and once
+# at H128 (their masks differ only in the tail blocks' test and the row offsets).
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, single, False, True)
+             for (h, single), (sched, fp8) in zip(((16, False), (128, True), (16, True), (128, False)),
+                                                  (("alt", False), ("redundant", False),
+                                                   ("redundant", True), ("alt-qkfirst", False)))]
 
 
-def _report(name, num_heads, schedule, fp8, single, cp) -> dict:
+def _report(name, num_heads, schedule, fp8, single, cp, drafts=False) -> dict:
     cfg = PROPOSED_CONFIGS[name]
-    kernel, report = _compile(cfg, num_heads, fp8, single, schedule, cp)
+    kernel, report = _compile(cfg, num_heads, fp8, single, schedule, cp, drafts)
     # (QK_FIRST: ptxas waits for the in-flight score wgmmas before the O rescale: warning C7517,
     # an injected wait, not a serialization of the wgmmas.)
     return ptxas_facts(kernel, report)
@@ -145,24 +155,30 @@ MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32
 # A context-parallel rank's kernel keeps a few more scalars (rank, local lengths): alt H16 spills
 # 40 bytes, stored before each group's block loop and reloaded after it (read in the SASS).
 CP_EXTRA_SPILL = 16
+# Ragged rows and draft trees (qo_indptr + tree_mask; triton 3.6): alt 104-116 bytes, redundant
+# 12-20, fp8 28. Read in the SASS of alt H16: stored before the block loop and reloaded after
+# it, but for one reload per block at each group's loop head and a few in the masked tail
+# blocks' tree test. The kernels without them are unchanged (their PTX is the same as before).
+DRAFTS_EXTRA_SPILL = 96
 
 
 @pytest.mark.skipif(_BUILD_WHY is not None, reason=f"no Gluon API of the kernels here: {_BUILD_WHY}")
-@pytest.mark.parametrize("variant", VARIANTS, ids=["{}-H{}-{}-{}-{}{}".format(
-    n, h, s, "fp8" if f else "bf16", "splits1" if g else "splitsN", "-cp2" if c else "")
-    for n, h, s, f, g, c in VARIANTS])
+@pytest.mark.parametrize("variant", VARIANTS, ids=["{}-H{}-{}-{}-{}{}{}".format(
+    n, h, s, "fp8" if f else "bf16", "splits1" if g else "splitsN", "-cp2" if c else "",
+    "-drafts" if d else "") for n, h, s, f, g, c, d in VARIANTS])
 def test_offline_compile_sm90a(variant, offline_reports):
     """Every launch variant of each proposed config: an sm_90a cubin with wgmma and TMA, (almost)
     no spills, no serialized wgmma, registers within the warp-specialize budget, shared memory
     within 227 KB. (H16 and H128 differ in the Q box; qlen, H, page size and the split cap are
     runtime values.)"""
-    name, _, schedule, fp8, _, cp = variant
+    name, _, schedule, fp8, _, cp, drafts = variant
     cfg = PROPOSED_CONFIGS[name]
     r = offline_reports[tuple(variant)]
     assert r["wgmma"] and r["tma"], r
     assert not r["serialized"], r
     if _GPU_CHECKED:
-        assert r["spills"] <= MAX_SPILL[(schedule, fp8)] + (CP_EXTRA_SPILL if cp else 0), r
+        assert r["spills"] <= MAX_SPILL[(schedule, fp8)] + (CP_EXTRA_SPILL if cp else 0) + (
+            DRAFTS_EXTRA_SPILL if drafts else 0), r
     # 12 warps launched (consumer group, consumer group, producer warp padded to a group): the
     # launch allocation is at most 65536 / 384 registers; setmaxnreg then moves them around.
     assert r["regs"] * 384 <= 65536, r

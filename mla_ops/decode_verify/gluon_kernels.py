@@ -93,10 +93,16 @@ def _local(n, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
 @gluon.jit
 def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX: gl.constexpr,
           HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr,
-          BLOCK_N: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
+          BLOCK_N: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr,
+          Qo_Indptr, num_rows, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """This CTA's work item, from its program id. Every partition computes it itself (scalar
     work on kernel arguments), rather than keeping the parent's values live across the
-    warp-specialized region (that spilled the default partition's registers)."""
+    warp-specialized region (that spilled the default partition's registers).
+
+    ``qlen`` is the most rows a request has; the request's own (``qlen_b``, from
+    ``_first_row(row_base, ...)``) are read from ``Qo_Indptr`` when VARLEN. A row block past them
+    does no work. HAS_TREE: the limits are the request's (its prefix every row's, its keys the
+    tree's to pick)."""
     rb_per_tok = num_heads // HEAD_BOX  # row blocks per token (H >= 64), else 1
     row_blocks = (qlen + TOK_BOX - 1) // TOK_BOX * rb_per_tok
     pid = gl.program_id(0)
@@ -110,19 +116,35 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     head0 = (pid_rb % rb_per_tok) * HEAD_BOX
     seq_len = gl.load(Seq_Lens + pid_b)
     real_len = gl.load(Real_Lens + pid_b)  # Seq_Lens itself when there are no real lengths
-    tok_last = gl.minimum(tok0 + TOK_BOX, qlen) - 1
+    if VARLEN:
+        row_base, qlen_b, rows_bad = _request_rows(Qo_Indptr, pid_b, num_rows, qlen)
+    else:
+        # The request's first row is pid_b * qlen: computed where it is used (``_first_row``),
+        # so that the kernel without ragged rows is exactly what it was before them.
+        row_base = pid_b
+        qlen_b = qlen
+    tok_last = gl.minimum(tok0 + TOK_BOX, qlen_b) - 1
     # Limits grow with the token. Under context parallelism they, and the length the splits
     # cut, are this rank's local ones (a row's keys are a prefix of the local cache); seq_len
     # stays global for the consumers' per-row limits (``_local(_row_limit(...))``).
-    min_lim = _local(_row_limit(tok0, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
-    max_lim = _local(_row_limit(tok_last, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
+    if HAS_TREE:
+        gl.static_assert(CP_WORLD == 1)  # (refused by the argument spec)
+        min_lim = gl.maximum(gl.minimum(seq_len - qlen_b, real_len), 0)
+        max_lim = gl.maximum(gl.minimum(seq_len, real_len), 0)
+    else:
+        min_lim = _local(_row_limit(tok0, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
+        max_lim = _local(_row_limit(tok_last, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
+    if VARLEN:
+        max_lim = gl.where(tok0 < qlen_b, max_lim, 0)  # no row of the request here: no work
     local_len = _local(seq_len, cp_rank, CP_WORLD, CP_INTERLEAVE)
     # A (local) length past the block table is clamped to it (no table read leaves the
     # request's row) and marks the request, as does a negative one.
     len_bad = (seq_len < 0) | (local_len > kv_capacity)
+    if VARLEN:
+        len_bad = len_bad | rows_bad
     local_len = gl.minimum(local_len, kv_capacity)
     # The keys of the request's last row: the table entries the whole request reads.
-    req_lim = _local(_row_limit(qlen - 1, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
+    req_lim = _local(_row_limit(qlen_b - 1, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
     # Split s covers [s * chunk, min((s + 1) * chunk, L)), as in the portable kernel.
     chunk = gl.maximum(gl.cdiv(local_len, num_kv_splits), MIN_SPLIT_LEN)
     chunk = gl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
@@ -132,7 +154,57 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     full_end = gl.minimum(split_end, min_lim)  # every valid row sees every key below this
     n_blocks = gl.cdiv(gl.maximum(kv_end - split_start, 0), BLOCK_N)
     return (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-            split_end, req_lim, len_bad)
+            split_end, req_lim, len_bad, row_base, qlen_b)
+
+
+@gluon.jit
+def _first_row(row_base, qlen, VARLEN: gl.constexpr):
+    """The request's first row of q / o / lse from ``_work``'s ``row_base``: itself (VARLEN),
+    or ``pid_b * qlen`` (``row_base`` is then ``pid_b``)."""
+    if VARLEN:
+        return row_base
+    else:
+        return row_base * qlen
+
+
+@gluon.jit
+def _request_rows(Qo_Indptr, pid_b, num_rows, qlen):
+    """``(first row, rows, bad)`` of request ``pid_b`` (ragged draft counts), clamped into
+    ``[0, num_rows)`` and to at most ``qlen`` rows, as ``kernels._request_rows`` does."""
+    start = gl.load(Qo_Indptr + pid_b)
+    end = gl.load(Qo_Indptr + pid_b + 1)
+    row_base = gl.minimum(gl.maximum(start, 0), num_rows)
+    count = gl.minimum(gl.minimum(gl.maximum(end, row_base), num_rows) - row_base, qlen)
+    bad = (start < 0) | (end < start) | (end > num_rows) | (end - start > qlen)
+    return row_base, count, bad
+
+
+@gluon.jit
+def _tree_visible(Tree_Mask, row0, tok0, qlen_b, draft_start, start, BLOCK_N: gl.constexpr,
+                  HEAD_BOX: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
+    """``[64, BLOCK_N]``: whether each row of the tile sees each key of the block
+    ``[start, start + BLOCK_N)`` under its draft-tree mask: key ``draft_start + j`` needs bit j
+    of the row's mask; keys before ``draft_start`` (the prefix) are every row's. The masks are
+    read here, in the masked tail blocks only, rather than kept live across the block loop.
+
+    Each row's mask is first aligned to the block (bit c: key ``start + c``, the prefix's bits
+    set) with 64-bit shifts on the rows' two values per thread; the tile's test is then a
+    32-bit shift of one of its halves per element (a 64-bit shift per element spilled ~100
+    bytes of registers)."""
+    gl.static_assert(BLOCK_N <= 64)
+    rows = gl.arange(0, _BM, layout=ROW)
+    tok = tok0 + rows // HEAD_BOX
+    tree = gl.load(Tree_Mask + (row0 + tok).to(gl.int64), mask=tok < qlen_b, other=0)  # [64] int64
+    d0 = start - draft_start  # draft index of the block's first key
+    right = gl.minimum(gl.maximum(d0, 0), 63).to(gl.int64)
+    left = gl.minimum(gl.maximum(-d0, 0), 63).to(gl.int64)
+    window = gl.where(d0 >= 0, tree >> right, (tree << left) | ((left * 0 + 1 << left) - 1))
+    window = gl.where(d0 <= -64, -1, window)  # the whole block before the drafts
+    lo = window.to(gl.int32)  # bits 0-31 (truncation)
+    hi = (window >> 32).to(gl.int32)
+    cols = gl.arange(0, BLOCK_N, layout=COL)
+    word = gl.where(cols[None, :] < 32, lo[:, None], hi[:, None])
+    return ((word >> (cols & 31)[None, :]) & 1) != 0
 
 
 @gluon.jit
@@ -162,19 +234,19 @@ def _producer(q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
               Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
               kv_capacity, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_STAGES: gl.constexpr, N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
-              CP_INTERLEAVE: gl.constexpr):
+              CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """1 warp: the Q tile once, then the KV blocks of the split through the ring."""
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad) = _work(
+     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
     # Nothing is loaded for an empty work item, so no copy can outlive the CTA.
     if n_blocks > 0:
         mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
         for c in gl.static_range(N_DT):
-            tma.async_load(q_desc, [pid_b * qlen + tok0, head0, c * _DT], q_bar,
+            tma.async_load(q_desc, [_first_row(row_base, qlen, VARLEN) + tok0, head0, c * _DT], q_bar,
                                             q_smem.index(c))
     req_row = pid_b.to(gl.int64) * stride_req_b
     # The block-table entry of block i + 1 is read while block i waits for its stage.
@@ -210,7 +282,8 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
               TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
               MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, KV_FP8: gl.constexpr,
-              cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
+              cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
+              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """One consumer warpgroup: output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
@@ -229,16 +302,19 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
         CDT: gl.constexpr = gl.bfloat16
 
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad) = _work(
+     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
     rows = gl.arange(0, _BM, layout=ROW)
     tok = tok0 + rows // HEAD_BOX  # verify token of each row, in the request
-    row_valid = tok < qlen
-    # Padding rows see what the tile's last valid row sees: finite, never stored.
-    lim = _local(_row_limit(tok, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
-    lim = gl.where(row_valid, lim, max_lim)
-    lim = gl.minimum(lim, kv_end)  # [64]: also ends at the split end
+    if HAS_TREE:  # every row's limit is the request's; the tree picks its keys below it
+        lim = gl.minimum(tok * 0 + max_lim, kv_end)
+    else:
+        row_valid = tok < qlen_b
+        # Padding rows see what the tile's last valid row sees: finite, never stored.
+        lim = _local(_row_limit(tok, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
+        lim = gl.where(row_valid, lim, max_lim)
+        lim = gl.minimum(lim, kv_end)  # [64]: also ends at the split end
     # Issued before the first wait: its table reads overlap the Q copy.
     marked = _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad,
                              page_size, num_pages, 4)
@@ -313,7 +389,11 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
         if start + BLOCK_N > full_end:
             # Keys past a row's limit (or the split end): -inf, whatever the cache holds there.
             keys = start + gl.arange(0, BLOCK_N, layout=COL)
-            qk = gl.where(keys[None, :] < lim[:, None], qk, float("-inf"))
+            visible = keys[None, :] < lim[:, None]
+            if HAS_TREE:
+                visible = visible & _tree_visible(Tree_Mask, _first_row(row_base, qlen, VARLEN), tok0, qlen_b,
+                                                  seq_len - qlen_b, start, BLOCK_N, HEAD_BOX, ROW, COL)
+            qk = gl.where(visible, qk, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(qk, axis=1))
         # A row that has seen no key keeps m = -inf; subtracting 0 keeps exp2(-inf + inf) out.
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -339,8 +419,8 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
 
     # k_scale dequantizes V too.
     _store_out(WG, acc0, acc1, acc2, acc3, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O),
-               k_scale, marked, O, Lse, Mid, pid_b, pid_s, tok0, head0, qlen, stride_om, stride_oh, stride_lm,
-               stride_lh, stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, MMA_O)
+               k_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh,
+               stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA_O)
 
 
 @gluon.jit
@@ -364,7 +444,8 @@ def _k_tile(tiles, idx, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr):
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                               "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
-                              "page_size", "num_pages", "kv_capacity", "cp_rank"])
+                              "page_size", "num_pages", "kv_capacity", "cp_rank", "num_rows"],
+           do_not_specialize_on_alignment=["Qo_Indptr", "Tree_Mask"])
 def _verify_stage1_ws(
     q_desc,  # [B*qlen, H, Lk] bf16, boxes [TOK_BOX, HEAD_BOX, 64]
     k_desc,  # [num_pages, PAGE_SIZE, Lk] cache (bf16 or fp8 e4m3), boxes [1, BLOCK_N, 64]
@@ -386,6 +467,11 @@ def _verify_stage1_ws(
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     CP_WORLD: gl.constexpr = 1,  # ranks the cache is sharded over (kernels.py's top comment)
     CP_INTERLEAVE: gl.constexpr = 1,  # tokens per round-robin block of the sharded cache
+    Qo_Indptr=None,  # VARLEN: [B+1] int32 row offsets of the requests (ragged draft counts)
+    Tree_Mask=None,  # HAS_TREE: [rows] int64 draft-tree masks (bit j: sees draft token j)
+    num_rows=None,  # VARLEN: rows of q / o / lse
+    VARLEN: gl.constexpr = False,  # qlen is then the most rows a request has
+    HAS_TREE: gl.constexpr = False,
 ):
     """Stage 1, one CTA per (row block, request, split); see the module docstring. Launched
     with ``num_warps=4`` (the first consumer group; the other group and the producer warp are
@@ -423,17 +509,19 @@ def _verify_stage1_ws(
                      Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
               stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE)),
+                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
+                     Tree_Mask, num_rows, VARLEN, HAS_TREE)),
         (_consumer, (1, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
                      Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
                      Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
               stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE)),
+                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
+                     Tree_Mask, num_rows, VARLEN, HAS_TREE)),
         (_producer, (q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                      page_size, kv_capacity, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT, cp_rank,
-                     CP_WORLD, CP_INTERLEAVE)),
+                     CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(conv_done)
@@ -469,17 +557,18 @@ def _verify_stage1_ws(
 def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
                   Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                   kv_capacity, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
-                  N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
+                  N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr,
+                  Qo_Indptr, num_rows, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """1 warp: Q (tiles 0-7 to ``q_smem``, the rope tile to ``sp_smem[1]``), then each block
     into stage ``i % 2`` by halves, the owner's half first (it is freed first)."""
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad) = _work(
+     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
     if n_blocks > 0:
-        q_tok = pid_b * qlen + tok0
+        q_tok = _first_row(row_base, qlen, VARLEN) + tok0
         mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
         for c in gl.static_range(N_DT - 1):
             tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
@@ -591,7 +680,8 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
                   TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
                   LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr, cp_rank,
-                  CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
+                  CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
+                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
     and output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -603,15 +693,18 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
     V0: gl.constexpr = WG * V_TILES
 
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad) = _work(
+     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
     rows = gl.arange(0, _BM, layout=ROW)
     tok = tok0 + rows // HEAD_BOX
-    row_valid = tok < qlen
-    lim = _local(_row_limit(tok, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
-    lim = gl.where(row_valid, lim, max_lim)
-    lim = gl.minimum(lim, kv_end)
+    if HAS_TREE:  # every row's limit is the request's; the tree picks its keys below it
+        lim = gl.minimum(tok * 0 + max_lim, kv_end)
+    else:
+        row_valid = tok < qlen_b
+        lim = _local(_row_limit(tok, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
+        lim = gl.where(row_valid, lim, max_lim)
+        lim = gl.minimum(lim, kv_end)
     # Issued before the first wait: its table reads overlap the Q copy.
     marked = _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad,
                              page_size, num_pages, 4)
@@ -681,7 +774,12 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
             sc = qk * qk_scale
             if start + BLOCK_N > full_end:
                 keys = start + gl.arange(0, BLOCK_N, layout=COL)
-                sc = gl.where(keys[None, :] < lim[:, None], sc, float("-inf"))
+                visible = keys[None, :] < lim[:, None]
+                if HAS_TREE:
+                    visible = visible & _tree_visible(Tree_Mask, _first_row(row_base, qlen, VARLEN), tok0,
+                                                      qlen_b, seq_len - qlen_b, start, BLOCK_N, HEAD_BOX, ROW,
+                                                      COL)
+                sc = gl.where(visible, sc, float("-inf"))
             m_prev = sm_smem.load(ROW)
             m_prev = gl.where(j > 0, m_prev, float("-inf"))  # (garbage before block 0)
             m_new = gl.maximum(m_prev, gl.max(sc, axis=1))
@@ -717,18 +815,19 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
     mbarrier.wait(l_bar, 0)
     l_i = l_i + sl_smem.index(1 - WG).load(ROW)
     m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
-    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, 1.0, marked, O, Lse, Mid, pid_b, pid_s, tok0, head0, qlen,
-               stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-               HEAD_BOX, LV, SINGLE, MMA)
+    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, 1.0, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
+               qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+               HEAD_BOX, LV, SINGLE, VARLEN, MMA)
 
 
 @gluon.jit
-def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, pid_b, pid_s,
-               tok0, head0, qlen, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
+               tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
-               MMA: gl.constexpr):
+               VARLEN: gl.constexpr, MMA: gl.constexpr):
     """o (or the split's partial o and its lse) of this group's columns from the accumulators:
-    rows that saw no key get o = 0 and lse = -inf; a marked request NaN in both."""
+    rows that saw no key get o = 0 and lse = -inf; a marked request NaN in both. The request's
+    ``qlen_b`` rows start at row ``_first_row(row_base, qlen, VARLEN)`` of o / lse / Mid."""
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     has_key = l_i > 0.0
@@ -739,8 +838,8 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, mark
     rows = gl.arange(0, _BM, layout=ROW)
     tok = tok0 + rows // HEAD_BOX
     head = head0 + rows % HEAD_BOX
-    row_valid = tok < qlen
-    q_row = (pid_b * qlen + tok).to(gl.int64)
+    row_valid = tok < qlen_b
+    q_row = (_first_row(row_base, qlen, VARLEN) + tok).to(gl.int64)
     cols = gl.arange(0, _DT, layout=COL)
     mask = row_valid[:, None] & (cols[None, :] < _DT)
     col0 = WG * (LV // 2)
@@ -766,7 +865,8 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, mark
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                               "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
-                              "page_size", "num_pages", "kv_capacity", "cp_rank"])
+                              "page_size", "num_pages", "kv_capacity", "cp_rank", "num_rows"],
+           do_not_specialize_on_alignment=["Qo_Indptr", "Tree_Mask"])
 def _verify_stage1_alt(
     q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse, K_Scale,
     stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
@@ -775,6 +875,8 @@ def _verify_stage1_alt(
     SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, QK_FIRST: gl.constexpr = False,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
+    Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
+    HAS_TREE: gl.constexpr = False,
 ):
     """Stage 1 with the alternating schedule (bf16 caches only; same arguments as
     ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2)."""
@@ -815,17 +917,19 @@ def _verify_stage1_alt(
                          qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
                          stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                         N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE)),
+                         N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask,
+                         num_rows, VARLEN, HAS_TREE)),
         (_consumer_alt, (1, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
                          p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
                          qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
                          stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                         N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE)),
+                         N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask,
+                         num_rows, VARLEN, HAS_TREE)),
         (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
                          Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                          kv_capacity, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-                         CP_INTERLEAVE)),
+                         CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)

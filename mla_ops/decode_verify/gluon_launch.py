@@ -172,7 +172,8 @@ def _descriptors(q, k_buffer, page_size, block_n):
 
 def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real_lens, has_real,
                                o, lse, mid, qlen, num_kv_splits, sm_scale, page_size, Lv, cfg,
-                               cp_world=1, cp_rank=0, cp_interleave=1) -> None:
+                               cp_world=1, cp_rank=0, cp_interleave=1, *, batch=None,
+                               qo_indptr=None, tree_mask=None) -> None:
     """Launch the Gluon stage 1 (``gluon_unsupported_reason`` must have returned None).
 
     Args: as ``decode_attention_fwd_verify`` after its checks; ``real_lens`` is ``seq_lens``
@@ -180,16 +181,19 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     then ``o`` / ``lse`` are written here and there is no stage 2); ``k_scale`` a scalar fp32
     tensor (1.0 for a bf16 cache); ``cfg`` the keys of :data:`GLUON_DEFAULT_CONFIG`;
     ``cp_*``: this launch is rank ``cp_rank`` of a context-parallel step (global lengths, the
-    rank's local cache and block table), as in the portable kernel.
+    rank's local cache and block table), as in the portable kernel; ``qo_indptr`` (ragged
+    draft counts: ``batch`` requests, ``qlen`` the most rows one has) and ``tree_mask`` (draft
+    trees) as ``decode_attention_fwd_verify`` documents them, None for the kernel without them.
 
     Out-of-range metadata is marked as in the portable kernel (``kernels.py``'s docstring): a
     request with a page index outside the cache among the keys it reads, or a length past
     its block table (or negative), gets NaN in ``o`` / ``lse`` (in its split partials).
     """
     c = {**GLUON_DEFAULT_CONFIG, **(cfg or {})}
-    batch = q.shape[0] // qlen
+    if batch is None:
+        batch = q.shape[0] // qlen
     num_heads = q.shape[1]
-    if batch == 0:
+    if batch == 0 or q.shape[0] == 0:
         return
     single = num_kv_splits == 1
     if single:
@@ -213,5 +217,10 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         PRODUCER_REGS=c["PRODUCER_REGS"], CONSUMER_REGS=c["CONSUMER_REGS"],
         CP_WORLD=cp_world, CP_INTERLEAVE=cp_interleave if cp_world > 1 else 1,
         num_warps=c["num_warps"], **extra,
+        # Ragged rows / draft trees: passed only when given, so that a call without them runs
+        # exactly the kernel without them.
+        **({"Qo_Indptr": qo_indptr, "num_rows": q.shape[0], "VARLEN": True}
+           if qo_indptr is not None else {}),
+        **({"Tree_Mask": tree_mask, "HAS_TREE": True} if tree_mask is not None else {}),
     )
 
