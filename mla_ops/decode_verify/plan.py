@@ -20,6 +20,13 @@ traces it and a CUDA graph captures it::
 
 FlashInfer's ``BatchMLAPagedAttentionWrapper`` (plan/run, owned workspace) and FlashMLA's
 scheduling metadata (made once, checked on reuse) are the models.
+
+Ragged draft counts (``plan_verify(..., varlen=True)``): ``qlen`` is the most draft rows a
+request of the bucket has and ``batch`` the most requests; ``run`` then requires
+``qo_indptr`` (``[B+1]`` int32, request b's rows ``q[qo_indptr[b]:qo_indptr[b+1]]``) and q may
+have any number of rows up to ``batch * qlen`` (a captured graph keeps one static R; rows from
+``qo_indptr[B]`` on are not written). Any plan's ``run`` takes ``tree_mask`` (``[R]`` int64
+draft trees). A plan without ``varlen=True`` refuses ``qo_indptr``.
 """
 
 from __future__ import annotations
@@ -45,8 +52,9 @@ class VerifyPlan:
 
     Frozen: ``batch`` (the bucket's largest batch), ``qlen``, ``num_heads``, ``max_seq_len``,
     ``dtype`` (of q and o), ``kv_dtype``, ``device``, ``page_size``, ``head_dim`` (Lk),
-    ``v_head_dim`` (Lv), ``config`` (read-only mapping), ``num_kv_splits``, ``sm_count`` and
-    the context-parallel layout. Batches up to ``batch`` that select the same config run on it.
+    ``v_head_dim`` (Lv), ``config`` (read-only mapping), ``num_kv_splits``, ``sm_count``, the
+    context-parallel layout and ``varlen`` (ragged draft counts: ``qlen`` the most a request
+    has). Batches up to ``batch`` that select the same config run on it.
     """
 
     batch: int
@@ -65,6 +73,7 @@ class VerifyPlan:
     cp_world: int = 1
     cp_rank: int = 0
     cp_interleave: int = 1
+    varlen: bool = False
     _workspace: list = dataclasses.field(default_factory=lambda: [None], repr=False)
     # The batches of this bucket: up to ``batch``, selecting this config (computed once, so
     # that run() traces under torch.compile without walking the tuning tables).
@@ -92,49 +101,74 @@ class VerifyPlan:
         return self._workspace[0]
 
     def warmup(self, q, kv_cache, o, lse, block_table, *, sm_scale: float,
-               k_scale: torch.Tensor | None = None, has_real=(False, True)) -> None:
-        """Compile every variant :meth:`run` can launch (with and without ``real_seq_lens``
-        unless told), on scratch tensors with these tensors' strides; writes nothing they
-        hold. Allocates the workspace and the default ``k_scale``: call it before capturing."""
+               k_scale: torch.Tensor | None = None, has_real=(False, True),
+               has_tree=None) -> None:
+        """Compile every variant :meth:`run` can launch (with and without ``real_seq_lens``,
+        and for a ``varlen`` plan with and without ``tree_mask``, unless told: ``has_tree``
+        defaults to ``(False, True)`` for a varlen plan, ``False`` otherwise), on scratch
+        tensors with these tensors' strides; writes nothing they hold. Allocates the workspace
+        and the default ``k_scale``: call it before capturing."""
         self._check(q, kv_cache, o, lse, warm=True)
         self.alloc_workspace()
+        if has_tree is None:
+            has_tree = (False, True) if self.varlen else False
+        trees = has_tree if isinstance(has_tree, (tuple, list)) else (has_tree,)
         for real in (has_real if isinstance(has_real, (tuple, list)) else (has_real,)):
-            warmup_decode_attention_fwd_verify(
-                q, kv_cache, o, lse, block_table, bool(real), [self.qlen], self.workspace,
-                sm_scale, self.page_size, k_scale, self.cp_world, self.cp_rank,
-                self.cp_interleave, batches=[self.batch], config=dict(self.config))
+            for tree in trees:
+                warmup_decode_attention_fwd_verify(
+                    q, kv_cache, o, lse, block_table, bool(real), [self.qlen], self.workspace,
+                    sm_scale, self.page_size, k_scale, self.cp_world, self.cp_rank,
+                    self.cp_interleave, self.varlen, bool(tree), batches=[self.batch],
+                    config=dict(self.config))
 
     def run(self, q, kv_cache, o, lse, block_table, seq_lens, *, real_seq_lens=None,
-            k_scale=None, sm_scale: float) -> None:
+            qo_indptr=None, tree_mask=None, k_scale=None, sm_scale: float) -> None:
         """``torch.ops.mla.decode_verify`` with this plan's split cap and workspace (bad
         metadata: as ``decode_attention_fwd_verify`` says, NaN rows for the request).
 
-        Args: q ``[B*qlen, H, Lk]`` (B <= the plan's batch, in its config bucket), kv_cache
-        ``[num_pages, page_size, 1, Lk]`` (or 3-D), o ``[B*qlen, H, Lv]`` and lse ``[B*qlen, H]``
-        written, block_table ``[B, max_pages]`` int32, seq_lens / real_seq_lens ``[B]`` int32,
-        k_scale for an fp8 cache. Raises ValueError/TypeError naming the argument when the call
-        does not match the plan (the op then checks everything else).
+        Args: q ``[B*qlen, H, Lk]`` (B <= the plan's batch, in its config bucket; a varlen
+        plan: ``[R, H, Lk]``, R <= batch*qlen), kv_cache ``[num_pages, page_size, 1, Lk]`` (or
+        3-D), o ``[R, H, Lv]`` and lse ``[R, H]`` written, block_table ``[B, max_pages]``
+        int32, seq_lens / real_seq_lens ``[B]`` int32, qo_indptr ``[B+1]`` int32 (required by
+        a varlen plan, refused by others), tree_mask ``[R]`` int64 or None, k_scale for an fp8
+        cache. Raises ValueError/TypeError naming the argument when the call does not match
+        the plan (the op then checks everything else).
         """
-        self._check(q, kv_cache, o, lse)
+        self._check(q, kv_cache, o, lse, qo_indptr=qo_indptr)
         if self.num_kv_splits > 1 and self.workspace is None:
             raise RuntimeError("plan: call alloc_workspace() (or warmup()) before run(), "
                                "outside any CUDA-graph capture")
-        torch.ops.mla.decode_verify(
-            q, kv_cache, kv_cache[..., :self.v_head_dim], o, lse, block_table, seq_lens,
-            real_seq_lens, self.qlen, self.workspace, self.num_kv_splits, sm_scale,
-            self.page_size, k_scale, self.cp_world, self.cp_rank, self.cp_interleave)
+        if qo_indptr is None and tree_mask is None:
+            torch.ops.mla.decode_verify(
+                q, kv_cache, kv_cache[..., :self.v_head_dim], o, lse, block_table, seq_lens,
+                real_seq_lens, self.qlen, self.workspace, self.num_kv_splits, sm_scale,
+                self.page_size, k_scale, self.cp_world, self.cp_rank, self.cp_interleave)
+        else:
+            torch.ops.mla.decode_verify(
+                q, kv_cache, kv_cache[..., :self.v_head_dim], o, lse, block_table, seq_lens,
+                real_seq_lens, self.qlen, self.workspace, self.num_kv_splits, sm_scale,
+                self.page_size, k_scale, self.cp_world, self.cp_rank, self.cp_interleave,
+                qo_indptr, tree_mask)
 
-    def _check(self, q, kv_cache, o, lse, warm: bool = False) -> None:
+    def _check(self, q, kv_cache, o, lse, warm: bool = False, qo_indptr=None) -> None:
+        if not warm and (qo_indptr is None) == self.varlen:
+            if self.varlen:
+                raise ValueError("qo_indptr: this plan was made with varlen=True (ragged draft "
+                                 "counts): run() requires qo_indptr, [B+1] int32 row offsets")
+            raise ValueError("qo_indptr: this plan was made without varlen=True; plan the "
+                             "bucket with plan_verify(..., varlen=True) for ragged draft counts")
         seen = None
         if not warm and type(q) is torch.Tensor and type(kv_cache) is torch.Tensor:
-            seen = (q.dtype, q.device, q.shape, kv_cache.dtype, kv_cache.device, kv_cache.shape)
+            seen = (q.dtype, q.device, q.shape, kv_cache.dtype, kv_cache.device, kv_cache.shape,
+                    None if qo_indptr is None or type(qo_indptr) is not torch.Tensor
+                    else qo_indptr.shape)
             if seen in self._passed:
                 return
-        self._check_all(q, kv_cache, o, lse, warm)
+        self._check_all(q, kv_cache, o, lse, warm, qo_indptr)
         if seen is not None and len(self._passed) < 64:
             self._passed.add(seen)
 
-    def _check_all(self, q, kv_cache, o, lse, warm: bool) -> None:
+    def _check_all(self, q, kv_cache, o, lse, warm: bool, qo_indptr=None) -> None:
         for name, t in (("q", q), ("kv_cache", kv_cache), ("o", o), ("lse", lse)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -157,6 +191,24 @@ class VerifyPlan:
         if warm:
             return
         rows = q.shape[0]
+        if self.varlen:
+            if not isinstance(qo_indptr, torch.Tensor) or qo_indptr.dim() != 1:
+                raise ValueError(f"qo_indptr: expected a 1-D tensor of [B+1] row offsets, got "
+                                 f"{getattr(qo_indptr, 'shape', type(qo_indptr).__name__)}")
+            if rows > self.batch * self.qlen:
+                raise ValueError(f"q: {rows} rows exceed the plan's {self.batch} requests of at "
+                                 f"most {self.qlen} draft rows ({self.batch * self.qlen}); plan "
+                                 f"the larger bucket")
+            batch = qo_indptr.shape[0] - 1
+            if batch > self.batch:
+                raise ValueError(f"qo_indptr: a batch of {batch} requests exceeds the plan's "
+                                 f"{self.batch}; plan the larger bucket")
+            if batch > 0 and batch not in self.batches:
+                raise ValueError(
+                    f"qo_indptr: a batch of {batch} requests selects another launch config than "
+                    f"the plan's bucket (planned for a batch of {self.batch}); plan one bucket "
+                    f"per captured batch size")
+            return
         if rows % self.qlen:
             raise ValueError(f"q: {rows} rows is not a whole number of requests of qlen "
                              f"{self.qlen}")
@@ -176,11 +228,12 @@ def plan_verify(batch: int, qlen: int, num_heads: int, max_seq_len: int, *,
                 device: torch.device | str = "cuda", page_size: int, head_dim: int = 576,
                 v_head_dim: int = 512, sm_count: int | None = None,
                 num_kv_splits: int | None = None, cp_world: int = 1, cp_rank: int = 0,
-                cp_interleave: int = 1) -> VerifyPlan:
+                cp_interleave: int = 1, varlen: bool = False) -> VerifyPlan:
     """Plan a batch bucket: the config the table selects for ``batch`` requests of ``qlen``
     verify tokens and ``num_heads`` heads, the split cap for sequences up to ``max_seq_len``
     keys (on this rank, with context parallelism) on ``sm_count`` SMs (default: this GPU's),
-    and the workspace shape. ``num_kv_splits`` overrides the split cap."""
+    and the workspace shape. ``num_kv_splits`` overrides the split cap. ``varlen``: ragged
+    draft counts, up to ``qlen`` per request (``run`` then requires ``qo_indptr``)."""
     for name, v in (("batch", batch), ("qlen", qlen), ("num_heads", num_heads),
                     ("max_seq_len", max_seq_len), ("page_size", page_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -201,7 +254,9 @@ def plan_verify(batch: int, qlen: int, num_heads: int, max_seq_len: int, *,
                                              min_work_per_split=cfg["SPLIT_WORK"])
     same = frozenset(b for b in range(1, batch + 1) if b == batch or launch_config(
         b, qlen, num_heads, probe, v_head_dim, q_dtype=dtype, page_size=page_size) == cfg)
+    if not isinstance(varlen, bool):
+        raise TypeError(f"varlen: expected a bool, got {type(varlen).__name__}")
     return VerifyPlan(batch, qlen, num_heads, max_seq_len, dtype, kv_dtype, device, page_size,
                       head_dim, v_head_dim, types.MappingProxyType(dict(cfg)), num_kv_splits,
-                      sm_count, cp_world, cp_rank, cp_interleave, batches=same)
+                      sm_count, cp_world, cp_rank, cp_interleave, varlen, batches=same)
 
