@@ -20,6 +20,14 @@ Encoder attention (``mla::context_attention``)::
     case.assert_matches(o)
     args = case.op_args()                     # keyword args of torch.ops.mla.context_attention
 
+Ragged draft counts and draft trees (``qo_indptr`` / ``tree_mask`` of the verify op)::
+
+    case = decode_case(device, batch=3, heads=4, qlen=4, lens=(30, 2, 90), page=16,
+                       draft_counts=(4, 0, 3), extra_rows=2,       # rows past qo_indptr[B]
+                       trees=[eagle_tree(2, 2, 4), [], random_ancestor_tree(3)])
+    o, lse = case.run(num_kv_splits=2)        # passes qo_indptr= and tree_mask=
+    case.assert_matches(o, lse)               # also: rows past qo_indptr[B] still NaN
+
 Some requests / sequences only (the others given out-of-range metadata on purpose)::
 
     sub = case.subset([0, 2])                 # the same tensors, requests 0 and 2 only
@@ -50,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 from typing import Any, Callable, Sequence
@@ -57,11 +66,13 @@ from typing import Any, Callable, Sequence
 import torch
 
 import mla_ops  # noqa: F401  (registers torch.ops.mla)
+from mla_ops.draft_trees import chain_parents, eagle_parents, masks_from_parents, random_parents
 from mla_ops.reference import (FP8_DTYPES, cache_pages, context_attention_ref, decode_verify_ref,
-                               verify_row_limits)
+                               verify_request_rows, verify_visible)
 
 __all__ = ["interpret", "SM_SCALE", "FP8", "K", "FLOOR", "DecodeCase", "decode_case", "EncoderCase",
-           "encoder_case", "lowp_attention", "assert_within", "to_meta", "guarded", "ToleranceError"]
+           "encoder_case", "lowp_attention", "assert_within", "to_meta", "guarded", "ToleranceError",
+           "chain_tree", "random_ancestor_tree", "eagle_tree", "tree_masks"]
 
 SM_SCALE = 0.1352  # DeepSeek's MLA scale (1/sqrt(192) * mscale**2)
 FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
@@ -191,6 +202,8 @@ class DecodeCase:
     page_size: int
     k_scale: torch.Tensor | None
     sm_scale: float = SM_SCALE
+    qo_indptr: torch.Tensor | None = None  # [B+1] int32: ragged draft counts (qlen the most)
+    tree_mask: torch.Tensor | None = None  # [rows] int64: draft trees
 
     @property
     def Lv(self) -> int:
@@ -224,8 +237,22 @@ class DecodeCase:
 
     def op_args(self, num_kv_splits: int = 1) -> dict:
         """Keyword arguments of ``torch.ops.mla.decode_verify`` (schema order, so
-        ``*args.values()`` is the positional call), with fresh NaN outputs."""
-        return dict(zip(DECODE_ARGS, self.args(*self.outputs(num_kv_splits), num_kv_splits)))
+        ``*args.values()`` is the positional call when the case has neither ``qo_indptr`` nor
+        ``tree_mask``, which are only there when set), with fresh NaN outputs."""
+        args = dict(zip(DECODE_ARGS, self.args(*self.outputs(num_kv_splits), num_kv_splits)))
+        for name in ("qo_indptr", "tree_mask"):
+            if getattr(self, name) is not None:
+                args[name] = getattr(self, name)
+        return args
+
+    def spans(self) -> list[tuple[int, int]]:
+        """``(first row, rows)`` of each request (``reference.verify_request_rows``)."""
+        return verify_request_rows(self.batch, self.qlen, self.qo_indptr)
+
+    @property
+    def used_rows(self) -> int:
+        """Rows that belong to a request: all of q's, or ``qo_indptr[B]``."""
+        return self.q.shape[0] if self.qo_indptr is None else int(self.qo_indptr[-1])
 
     def meta_args(self, num_kv_splits: int = 1) -> dict:
         """:meth:`op_args` as meta tensors of the same shapes, strides and dtypes."""
@@ -256,7 +283,8 @@ class DecodeCase:
         ``compute_dtype``)."""
         return decode_verify_ref(self.q, self.k_buffer, self.Lv, self.req_to_token,
                                  self.seq_lens, self.real_seq_lens, self.qlen, self.sm_scale,
-                                 self.page_size, self.k_scale, compute_dtype=compute_dtype)
+                                 self.page_size, self.k_scale, compute_dtype=compute_dtype,
+                                 qo_indptr=self.qo_indptr, tree_mask=self.tree_mask)
 
     def lowp_reference(self):
         """The same attention in the dtype of q, as plain PyTorch computes it
@@ -272,49 +300,68 @@ class DecodeCase:
         lens = self.seq_lens.tolist()
         reals = (self.real_seq_lens.tolist() if self.real_seq_lens is not None
                  else [None] * self.batch)
-        for b in range(self.batch):
-            lim = verify_row_limits(lens[b], reals[b], self.qlen).to(self.q.device)
-            n = int(lim.max())
-            if n == 0:
+        for b, (r0, n) in enumerate(self.spans()):
+            if n <= 0:
                 continue
-            table = self.req_to_token[b, : math.ceil(n / self.page_size)].long()
-            kv = pages[table].reshape(-1, Lk)[:n].to(dtype)
-            visible = torch.arange(n, device=self.q.device)[None, :] < lim[:, None]
-            qb = self.q[b * self.qlen:(b + 1) * self.qlen].transpose(0, 1)  # [H, qlen, Lk]
+            keys = torch.arange(max(lens[b], 0), device=self.q.device)
+            tree = None if self.tree_mask is None else self.tree_mask[r0:r0 + n]
+            visible = verify_visible(lens[b], reals[b], n, keys, tree)  # [n, keys]
+            seen = visible.any(dim=0).nonzero()
+            m = int(seen.max()) + 1 if len(seen) else 0
+            if m == 0:
+                continue
+            table = self.req_to_token[b, : math.ceil(m / self.page_size)].long()
+            kv = pages[table].reshape(-1, Lk)[:m].to(dtype)
+            qb = self.q[r0:r0 + n].transpose(0, 1)  # [H, n, Lk]
             ob, lb = lowp_attention(qb, kv, kv[:, : self.Lv], self.sm_scale * kscale,
-                                    visible[None], v_scale=vscale)
-            o[b * self.qlen:(b + 1) * self.qlen] = ob.transpose(0, 1)
-            lse[b * self.qlen:(b + 1) * self.qlen] = lb.transpose(0, 1)
+                                    visible[None, :, :m], v_scale=vscale)
+            o[r0:r0 + n] = ob.transpose(0, 1)
+            lse[r0:r0 + n] = lb.transpose(0, 1)
         return o, lse
 
     def rows(self, requests: Sequence[int]) -> torch.Tensor:
         """The rows of ``q`` / ``o`` / ``lse`` that belong to ``requests``, in that order."""
-        return torch.tensor([b * self.qlen + t for b in requests for t in range(self.qlen)],
+        spans = self.spans()
+        return torch.tensor([spans[b][0] + t for b in requests for t in range(spans[b][1])],
                             dtype=torch.long, device=self.q.device)
 
     def subset(self, requests: Sequence[int]) -> "DecodeCase":
         """The same batch with only ``requests`` (their q rows, block-table rows, lengths; the
         same cache): its reference is theirs, whatever the other requests' metadata holds."""
         idx = torch.tensor(list(requests), dtype=torch.long, device=self.q.device)
+        rows = self.rows(requests)
+        qo_indptr = None
+        if self.qo_indptr is not None:
+            counts = [self.spans()[b][1] for b in requests]
+            qo_indptr = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32,
+                                     device=self.q.device)
         return dataclasses.replace(
-            self, q=self.q[self.rows(requests)], req_to_token=self.req_to_token[idx].clone(),
+            self, q=self.q[rows], req_to_token=self.req_to_token[idx].clone(),
             seq_lens=self.seq_lens[idx].clone(),
-            real_seq_lens=None if self.real_seq_lens is None else self.real_seq_lens[idx].clone())
+            real_seq_lens=None if self.real_seq_lens is None else self.real_seq_lens[idx].clone(),
+            qo_indptr=qo_indptr,
+            tree_mask=None if self.tree_mask is None else self.tree_mask[rows].clone())
 
     def assert_matches(self, o, lse, k: float = K, floor: float | None = None) -> dict:
         """The tolerance rule (module docstring), request by request, for ``o`` and ``lse``;
-        rows without a key exactly ``o = 0``, ``lse = -inf``. Returns the errors measured."""
+        rows without a key exactly ``o = 0``, ``lse = -inf``; rows of no request (from
+        ``qo_indptr[B]`` on) still NaN, as the outputs were made. Returns the errors measured."""
+        used = self.used_rows
+        assert o[used:].isnan().all() and lse[used:].isnan().all(), \
+            "a row past qo_indptr[B] (no request's) was written"
+        o, lse = o[:used], lse[:used]
         _assert_no_nan(o=o, lse=lse)
         ref_o, ref_lse = self.reference(torch.float64)
         low_o, low_lse = self.lowp_reference()
+        ref_o, ref_lse, low_o, low_lse = ref_o[:used], ref_lse[:used], low_o[:used], low_lse[:used]
         empty = torch.isinf(ref_lse)
         assert torch.equal(torch.isinf(lse), empty) and (lse[empty] < 0).all(), \
             "lse is -inf exactly where a row sees no key"
         assert (o[empty] == 0).all(), "o is 0 where a row sees no key"
         groups = []
-        for b in range(self.batch):
+        for b, (r0, n) in enumerate(self.spans()):
             rows = torch.zeros_like(empty)
-            rows[b * self.qlen:(b + 1) * self.qlen] = True
+            rows[r0:r0 + n] = True
             groups.append((f"request {b}", rows & ~empty))
         dtype = self.q.dtype
         errs = {"o": assert_within("o", o, ref_o, low_o, groups, dtype, k, floor)}
@@ -328,7 +375,9 @@ def decode_case(device, *, batch: int, heads: int, qlen: int, lens: Sequence[int
                 dtype: torch.dtype = torch.float32, cache_dtype: torch.dtype | None = None,
                 layout: str = "4d", q_strided: bool = False, spare_pages: int = 3,
                 poison_past_end: bool = False, score_std: float = 1.0,
-                k_scale: float | None = None, sm_scale: float = SM_SCALE) -> DecodeCase:
+                k_scale: float | None = None, sm_scale: float = SM_SCALE,
+                draft_counts: Sequence[int] | None = None, extra_rows: int = 0,
+                trees: Sequence[Sequence[int]] | None = None) -> DecodeCase:
     """A random verify batch.
 
     Args:
@@ -351,6 +400,11 @@ def decode_case(device, *, batch: int, heads: int, qlen: int, lens: Sequence[int
             less than bf16 rounding does: no tolerance on the output can see it there. (q of
             N(0, 1), the seed's inputs, gives 0.1352 * sqrt(576) = 3.2 at Lk = 576.)
         k_scale: also for a 16-bit cache, where the kernels ignore it.
+        draft_counts: ragged draft counts (each at most ``qlen``): request b has
+            ``draft_counts[b]`` rows, given to the op as ``qo_indptr``; q then has their sum
+            plus ``extra_rows`` rows (rows of no request, which the op must leave alone).
+        trees: per request, the int masks of its rows (bit j: sees draft token j), given to the
+            op as ``tree_mask`` (rows of no request get random bits); see :func:`tree_masks`.
     """
     cache_dtype = cache_dtype or dtype
     Lk = Lv + rope
@@ -383,7 +437,18 @@ def decode_case(device, *, batch: int, heads: int, qlen: int, lens: Sequence[int
         raise ValueError(f"layout: {layout!r}")
     req_to_token = table.view(batch, pages_per_req).to(torch.int32)
     q_std = score_std / (sm_scale * math.sqrt(Lk))
-    q = (torch.randn(batch * qlen, heads, Lk + (32 if q_strided else 0), device=device)
+    qo_indptr = None
+    rows = batch * qlen
+    if draft_counts is not None:
+        assert len(draft_counts) == batch and all(0 <= n <= qlen for n in draft_counts)
+        qo_indptr = torch.tensor([0, *itertools.accumulate(draft_counts)], dtype=torch.int32,
+                                 device=device)
+        rows = int(qo_indptr[-1]) + extra_rows
+    tree_mask = None
+    if trees is not None:
+        counts = draft_counts if draft_counts is not None else [qlen] * batch
+        tree_mask = tree_masks(trees, counts, rows, device)
+    q = (torch.randn(rows, heads, Lk + (32 if q_strided else 0), device=device)
          * q_std).to(dtype)[..., :Lk]
     if q_strided:
         assert not q.is_contiguous()
@@ -391,7 +456,45 @@ def decode_case(device, *, batch: int, heads: int, qlen: int, lens: Sequence[int
     real_seq_lens = (None if real is None
                      else torch.tensor(list(real), dtype=torch.int32, device=device))
     return DecodeCase(q, k_buffer, k_buffer[..., :Lv], req_to_token, seq_lens, real_seq_lens,
-                      qlen, page, scale_t, sm_scale)
+                      qlen, page, scale_t, sm_scale, qo_indptr, tree_mask)
+
+
+# --- draft trees ------------------------------------------------------------------------------
+
+
+def chain_tree(n: int) -> list[int]:
+    """The causal chain of ``n`` drafts: draft i sees drafts 0..i (what ``tree_mask=None`` is)."""
+    return masks_from_parents(chain_parents(n))
+
+
+def random_ancestor_tree(n: int, generator: torch.Generator | None = None,
+                         shuffle: bool = False) -> list[int]:
+    """``n`` drafts, each the child of a random earlier one (draft 0 the root); with
+    ``shuffle`` numbered in a random order (a parent may come after its child): the kernels
+    must not assume any order."""
+    return masks_from_parents(random_parents(n, generator, shuffle))
+
+
+def eagle_tree(topk: int, depth: int, n: int, generator: torch.Generator | None = None
+               ) -> list[int]:
+    """An SGLang-style EAGLE draft tree of ``n`` tokens (``mla_ops.draft_trees.eagle_parents``:
+    topk candidates per level under the best topk of the level above, ``depth`` levels, the n
+    best by cumulative score, parents first)."""
+    return masks_from_parents(eagle_parents(topk, depth, n, generator))
+
+
+def tree_masks(trees: Sequence[Sequence[int]], counts: Sequence[int], rows: int,
+               device) -> torch.Tensor:
+    """``[rows]`` int64 ``tree_mask`` from per-request masks (request b's ``counts[b]`` rows
+    laid one request after another); rows of no request hold random bits."""
+    out = torch.randint(-(2 ** 62), 2 ** 62, (rows,), dtype=torch.int64)
+    r = 0
+    for masks, n in zip(trees, counts):
+        assert len(masks) == n, f"a tree of {len(masks)} masks for {n} draft rows"
+        for m in masks:
+            out[r] = m - (1 << 64) if m >= 1 << 63 else m  # bit 63 as the sign bit
+            r += 1
+    return out.to(device)
 
 
 # --- encoder attention ------------------------------------------------------------------------

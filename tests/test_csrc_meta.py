@@ -185,7 +185,33 @@ BAD = [
     ("dv-cp-rank-1-of-1", "decode_verify", lambda a: {"cp_rank": 1}),
     ("dv-cp-rank-2-of-2", "decode_verify", lambda a: {"cp_world": 2, "cp_rank": 2}),
     ("dv-cp-interleave-0", "decode_verify", lambda a: {"cp_interleave": 0}),
+    # ragged draft counts and draft trees
+    ("dv-qo-indptr-dtype", "decode_verify", lambda a: {"qo_indptr": _m(3, dtype=torch.int64)}),
+    ("dv-qo-indptr-rank", "decode_verify", lambda a: {"qo_indptr": _m(1, 3, dtype=torch.int32)}),
+    ("dv-qo-indptr-empty", "decode_verify", lambda a: {"qo_indptr": _m(0, dtype=torch.int32)}),
+    ("dv-qo-indptr-strided", "decode_verify",
+     lambda a: {"qo_indptr": _m(6, dtype=torch.int32)[::2]}),
+    ("dv-qo-indptr-batch", "decode_verify", lambda a: {"qo_indptr": _m(4, dtype=torch.int32)}),
+    ("dv-qo-indptr-seq-lens", "decode_verify",
+     lambda a: {"qo_indptr": _m(2, dtype=torch.int32)}),
+    ("dv-qo-indptr-device", "decode_verify",
+     lambda a: {"qo_indptr": torch.zeros(3, dtype=torch.int32)}),
+    ("dv-tree-dtype", "decode_verify", lambda a: {"tree_mask": _m(4, dtype=torch.int32)}),
+    ("dv-tree-rank", "decode_verify", lambda a: {"tree_mask": _m(4, 1, dtype=torch.int64)}),
+    ("dv-tree-shape", "decode_verify", lambda a: {"tree_mask": _m(3, dtype=torch.int64)}),
+    ("dv-tree-strided", "decode_verify", lambda a: {"tree_mask": _m(8, dtype=torch.int64)[::2]}),
+    ("dv-tree-qlen-65", "decode_verify",
+     lambda a: {"qlen": 65, "qo_indptr": _m(3, dtype=torch.int32),
+                "tree_mask": _m(4, dtype=torch.int64)}),
+    ("dv-tree-cp", "decode_verify", lambda a: {"tree_mask": _m(4, dtype=torch.int64),
+                                               "cp_world": 2}),
+    ("dv-tree-device", "decode_verify", lambda a: {"tree_mask": torch.zeros(4, dtype=torch.int64)}),
+    ("dv-ragged-workspace-small", "decode_verify",
+     lambda a: {"qo_indptr": _m(3, dtype=torch.int32), "q": _m(6, 4, 64), "o": _m(6, 4, 32),
+                "lse": _m(6, 4), "num_kv_splits": 2, "attn_logits": _m(4, 4, 2, 33)}),
     # warmup_decode_verify
+    ("wu-tree-qlen-65", "warmup_decode_verify", lambda a: {"has_tree": True, "qlens": [2, 65]}),
+    ("wu-tree-cp", "warmup_decode_verify", lambda a: {"has_tree": True, "cp_world": 2}),
     ("wu-fp8-cache-ok-then-o-heads", "warmup_decode_verify",
      lambda a: {"k_buffer": _m(8, 16, 1, 64, dtype=FP8), "o": _m(4, 3, 32)}),
     ("wu-q-head-dim", "warmup_decode_verify", lambda a: {"q": _m(4, 4, 32)}),
@@ -354,8 +380,8 @@ class TestSchemas(expecttest.TestCase):
         self.assertExpectedInline(
             "\n".join(f"mla::{name}{schema}" for name, schema in library.SCHEMAS.items()),
             """\
-mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
-mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
+mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, Tensor? qo_indptr=None, Tensor? tree_mask=None) -> ()
+mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, bool varlen=False, bool has_tree=False) -> ()
 mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()
 mla::merge_attn_states(Tensor o_parts, Tensor lse_parts, Tensor(a!) o, Tensor(b!)? lse=None) -> ()
 mla::rescale_attn_partial(Tensor o_part, Tensor lse_parts, int part, Tensor(a!) o_out, Tensor(b!)? lse_out=None) -> ()""",
@@ -367,8 +393,8 @@ mla::rescale_attn_partial(Tensor o_part, Tensor lse_parts, int part, Tensor(a!) 
         self.assertExpectedInline(
             "\n".join(cpp["schemas"][name] for name in OPS),
             """\
-mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
-mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1) -> ()
+mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, Tensor? qo_indptr=None, Tensor? tree_mask=None) -> ()
+mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, bool varlen=False, bool has_tree=False) -> ()
 mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()
 mla::merge_attn_states(Tensor o_parts, Tensor lse_parts, Tensor(a!) o, Tensor(b!)? lse=None) -> ()
 mla::rescale_attn_partial(Tensor o_part, Tensor lse_parts, int part, Tensor(a!) o_out, Tensor(b!)? lse_out=None) -> ()""",
