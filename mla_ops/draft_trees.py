@@ -66,6 +66,8 @@ def random_parents(n: int, generator: torch.Generator | None = None,
     """``n`` tokens, each continuing a random earlier one (token 0 the root); ``shuffle``
     numbers them in a random order (a parent may then come after its child)."""
     parents = [-1] + [int(torch.randint(0, i, (), generator=generator)) for i in range(1, n)]
+    if n == 0:
+        return []
     if not shuffle or n < 2:
         return parents
     perm = torch.randperm(n, generator=generator).tolist()  # the new index of token i

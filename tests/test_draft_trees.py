@@ -543,6 +543,68 @@ def test_unchecked_bad_offsets_never_touch_memory_outside(device):
         f"{proc.stderr[-2000:]}")
 
 
+# --- eager replays (mla_ops.fastpath) ------------------------------------------------------------
+
+
+def _fastpath_main() -> None:  # in a subprocess without TRITON_INTERPRET (test_fastpath's)
+    import json
+    import random
+
+    import test_fastpath as tf
+    from mla_ops import fastpath
+
+    recorded = mla_ops.decode_attention_fwd_verify.__wrapped__  # the replaying launcher
+    rng = random.Random(0)
+    makes = []
+    for i in range(10):
+        qlen, heads, batch = rng.choice([2, 4, 8]), rng.choice([4, 16]), rng.choice([1, 2, 3])
+        counts = tuple(rng.randint(0, qlen) for _ in range(batch))
+        ragged, tree, splits = rng.random() < 0.7, rng.random() < 0.7, rng.choice([1, 3])
+        for twin in (None, "no-tree", "no-offsets", "more-rows"):
+            kw = dict(batch=batch, heads=heads, qlen=qlen, lens=[rng.randint(1, 90)] * batch,
+                      page=rng.choice([1, 16]), dtype=torch.float16)
+            if ragged and twin != "no-offsets":
+                kw.update(draft_counts=counts, extra_rows=1 + (twin == "more-rows"))
+            if tree and twin != "no-tree":
+                n = counts if "draft_counts" in kw else (qlen,) * batch
+                kw.update(trees=[random_ancestor_tree(c, _g(i)) for c in n])
+
+            def make(kw=kw, splits=splits):
+                args = decode_case("cpu", **kw).op_args(splits)
+                extra = {k: args.pop(k) for k in ("qo_indptr", "tree_mask") if k in args}
+                return tuple(args.values()), extra
+
+            makes.append(make)
+    out = {"replays": 0, "calls": 0}
+    with tf.fake_dispatch():
+        for rnd in range(3):
+            for make in makes if rnd == 0 else rng.sample(makes, len(makes)):
+                args, kw = make()
+                before = len(fastpath._RECORDS)
+                tf._LOG.clear()
+                recorded(*args, **kw)
+                fast = list(tf._LOG)
+                tf._LOG.clear()
+                recorded.full_path(*args, **kw)
+                tf._same_launches(fast, list(tf._LOG))
+                out["calls"] += 1
+                out["replays"] += len(fastpath._RECORDS) == before
+    print("[" + json.dumps(out) + "]")
+
+
+def test_eager_replays_launch_what_the_full_path_launches():
+    """A recorded eager call with qo_indptr / tree_mask replays exactly the full path's
+    launches (kernel, grid, arguments: the offsets and masks of the new call), and a call
+    without them, or with more rows, is another geometry (``tests/test_fastpath.py``'s fake
+    dispatch: Triton's binder for sm_90 without a GPU)."""
+    if torch.cuda.is_available():
+        pytest.skip("the fake dispatch stands in for a GPU")
+    from gluon_offline import run_in_subprocess
+
+    out = run_in_subprocess("tests.test_draft_trees", "_fastpath_main", 600)[0][0]
+    assert out["replays"] >= 2 * 40 and out["calls"] == 3 * 40, out
+
+
 # --- GPU: both families at serving shapes --------------------------------------------------------
 
 GPU_DTYPES = {"bf16": (torch.bfloat16, None), "fp8": (torch.bfloat16, FP8)}
