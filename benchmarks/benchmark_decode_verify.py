@@ -14,6 +14,14 @@ is flagged ``*L2``; ``--rotate N`` cycles N cache copies for an L2-cold time.
     PYTHONPATH=. python benchmarks/benchmark_decode_verify.py --shape M3 --block-h 64 --num-stages 3
     PYTHONPATH=. python benchmarks/benchmark_decode_verify.py --heads 16 128 --qlen 1 2 4 \
         --batch 32 --seq-len 4096 --fp8
+    PYTHONPATH=. python benchmarks/benchmark_decode_verify.py --drafts all --check --json $OUT/t.json
+
+``--drafts`` (ragged draft counts and EAGLE trees, ``shapes.DRAFTS``) times the verify call with
+``qo_indptr`` / ``tree_mask`` at H 16 and 128, B 32, L 4096 (or ``--heads`` / ``--batch`` /
+``--seq-len``) against the causal verify of the same rows, every request padded to the most
+drafts, and the flat one-row-per-token feed with per-row lengths; the table's ``pass`` is the
+issue's bar (a tree <= 1.1x the causal verify; a ragged batch faster than the padded one by
+>= 0.8 x padded / real rows).
 
 ``--interpret`` runs a tiny shape on the CPU through the Triton interpreter (fp16, no graphs,
 nominal ceilings): the whole code path, times that mean nothing.
@@ -36,7 +44,12 @@ from benchmarks.shapes import (  # noqa: E402
     ANCHOR_CEILINGS,
     DEFAULT_PAGE_SIZE,
     DEFAULT_SM_SCALE,
+    DRAFT_BATCH,
+    DRAFT_HEADS,
+    DRAFT_SEQ_LEN,
+    DRAFTS,
     INTERPRET_CASE,
+    INTERPRET_DRAFTS,
     SHAPES,
     Case,
 )
@@ -64,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seq-len", nargs="+", type=cli.positive,
                    help="grid: KV length L of every request")
     g.add_argument("--fp8", action="store_true", help="grid: fp8 (e4m3fn) cache with k_scale")
+    g.add_argument("--drafts", nargs="+", metavar="NAME",
+                   help="draft workloads instead of shapes: " + ", ".join(
+                       f"{n} ({d.title})" for n, d in DRAFTS.items()) + "; or 'all' (with "
+                   "--heads / --batch / --seq-len: default H 16 128, B 32, L 4096)")
     g.add_argument("--page-size", type=cli.positive, default=None,
                    help=f"tokens per cache page (default {DEFAULT_PAGE_SIZE})")
     g.add_argument("--sm-scale", type=float, default=DEFAULT_SM_SCALE)
@@ -97,6 +114,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     grid = any(getattr(args, f) is not None for f in GRID_FLAGS)
     args.shape = cli.split_names(parser, args.shape, list(SHAPES))
+    args.drafts = cli.split_names(parser, args.drafts, list(DRAFTS), "--drafts")
+    if args.drafts is not None and (args.shape is not None or args.qlen is not None):
+        parser.error("--drafts sets the draft counts: give neither --shape nor --qlen with it")
     if args.shape is not None:
         if grid:
             parser.error("--shape names fixed shapes: give either --shape or the grid flags "
@@ -104,7 +124,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if args.fp8:
             parser.error("--fp8: the named shapes fix their cache dtype (M4, M7 are fp8); use "
                          "the grid flags for another combination")
-    if args.interpret and args.shape:
+    if args.interpret and args.shape and args.drafts is None:
         parser.error("--interpret runs a tiny shape on the CPU; the named shapes need a GPU "
                      "(give small grid flags instead)")
     if args.dtype is None:
@@ -130,6 +150,43 @@ def resolve_cases(args: argparse.Namespace) -> list[Case]:
     return [dataclasses.replace(c, page_size=page) if page else c for c in cases]
 
 
+def resolve_draft_cases(args: argparse.Namespace) -> list[tuple]:
+    """``(drafts, case)`` of the --drafts mode: each workload at each H, B, L of the grid
+    (the case's qlen is the workload's most drafts)."""
+    if args.interpret:
+        d = INTERPRET_DRAFTS
+        heads, batches, lens, page = (args.heads or [d["H"]], args.batch or [d["B"]],
+                                      args.seq_len or [d["L"]], args.page_size or d["page_size"])
+    else:
+        heads, batches, lens = (args.heads or list(DRAFT_HEADS), args.batch or [DRAFT_BATCH],
+                                args.seq_len or [DRAFT_SEQ_LEN])
+        page = args.page_size or DEFAULT_PAGE_SIZE
+    return [(DRAFTS[n], Case(h, DRAFTS[n].max_drafts, b, L, args.fp8, page))
+            for n in args.drafts for h in heads for b in batches for L in lens]
+
+
+def run_drafts(args: argparse.Namespace, argv: list[str], device: str) -> int:
+    """The --drafts mode: every workload's row, the table, the JSON."""
+    api = decode.load_api()
+    cases = resolve_draft_cases(args)
+    env = results.env_info()
+    cli.banner("decode_verify draft workloads", env, f", {len(cases)} case(s)")
+    rows = []
+    for drafts, case in cases:
+        t0 = time.perf_counter()
+        row = decode.run_drafts_case(api, drafts, case, args, device)
+        rows.append(row)
+        print(decode.drafts_line(row, time.perf_counter() - t0), flush=True)
+        if device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+    table, columns = decode.drafts_table(rows)
+    cli.finish(rows, columns, args.json, command=results.command_line(PROG, argv), env=env,
+               table=table)
+    return 0
+
+
 def compile_specs(api: decode.Api, cases: list[Case], args: argparse.Namespace) -> list[dict]:
     """Every launch the run makes (raises the tuning module's ValueError for a bad config)."""
     return [decode.compile_spec(c, args.dtype, splits, over)
@@ -140,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv, args, device = cli.start(argv, parse_args, PROG)
     if device is None:
         return 2
+    if args.drafts is not None:
+        return run_drafts(args, argv, device)
     cases = resolve_cases(args)
     api = decode.load_api()
     try:

@@ -4,13 +4,15 @@ The launch knobs of the command line, the config and split count a launch runs w
 tuning table's, with overrides laid over it through ``mla_ops.tuning``), random paged inputs,
 the kernel call (optionally rotating copies of the cache), the check against the fp32
 reference, the compile job of the pool, FlashMLA beside ours when it is installed, and one
-case's row of the benchmark.
+case's row of the benchmark; the draft workloads (ragged draft counts, EAGLE trees) of its
+``--drafts`` mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import sys
 from typing import Any, Callable
@@ -25,14 +27,17 @@ from benchmarks.shapes import (
     DEFAULT_SM_SCALE,
     SHAPES,
     Case,
+    Drafts,
     baseline_case,
     baseline_seq_lens,
+    draft_counts,
     flops,
     kv_bytes,
     roofline,
     unique_bytes,
 )
 from mla_ops.decode_verify.configs import KERNEL
+from mla_ops.draft_trees import chain_parents, eagle_parents, tree_mask_from_parents
 
 # --- launch knobs -------------------------------------------------------------------------------
 
@@ -491,3 +496,153 @@ def table(rows: list[dict]) -> tuple[list[dict], list[str]]:
     if any("flashmla_us" in r for r in rows):
         columns[columns.index("target"):columns.index("target")] = ["flashmla_us", "vs_flashmla"]
     return out, columns
+
+
+# --- draft workloads: ragged draft counts and EAGLE trees (--drafts) ----------------------------
+
+
+def run_drafts_case(api: Api, drafts: Drafts, case: Case, args: argparse.Namespace,
+                    device: str) -> dict:
+    """One draft workload (``shapes.DRAFTS``) at ``case``'s H, B, L: the verify call with
+    ``qo_indptr`` (ragged) and ``tree_mask`` (trees), timed against (a) the causal verify of the
+    same rows (the same call without ``tree_mask``; a ragged chain: the uniform call at the mean
+    draft count), (b) every request padded to the most drafts (ragged workloads), and (c) the
+    flat feed, one row per draft token with its own length (what engines feed today). Checked
+    against the reference first with ``--check`` (exits 1 when off). Returns the row."""
+    act = DTYPES[args.dtype]
+    qlen, B, H = drafts.max_drafts, case.B, case.H
+    counts = draft_counts(drafts, B, args.seed)
+    R = sum(counts)
+    full = dataclasses.replace(case, qlen=qlen)
+    inp = make_inputs(full, device, act, seed=args.seed)
+    kv = inp.kv[0]
+    ragged = drafts.ragged is not None
+    qo_indptr = (torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32,
+                              device=device) if ragged else None)
+    tree_mask = None
+    if drafts.tree is not None:
+        gen = torch.Generator().manual_seed(args.seed)
+        tree_mask = tree_mask_from_parents(
+            [eagle_parents(*drafts.tree, n, gen) if n else [] for n in counts], rows=R,
+            device=device)
+    overrides = launch_overrides(args)
+    timing = dict(max_replays=args.replays, prequeue=not args.no_prequeue)
+    kw_config = {"config": dict(overrides)} if overrides else {}
+
+    def call(shape: Case, rows: int, table, seq_lens, **extra):
+        """``(fn, o, lse, splits)``: the verify call of ``shape`` on q's first ``rows`` rows."""
+        cfg = effective_config(api, shape, overrides, args.dtype)
+        splits = args.splits or default_splits(api, shape, cfg)
+        o = torch.empty(rows, H, LV, dtype=act, device=device)
+        lse = torch.empty(rows, H, dtype=torch.float32, device=device)
+        ws = (None if splits == 1 else
+              torch.empty(rows, H, splits, LV + 1, dtype=torch.float32, device=device))
+        q = inp.q[:rows]
+
+        def fn():
+            api.decode_attention_fwd_verify(q, kv, kv[..., :LV], o, lse, table, seq_lens, None,
+                                            shape.qlen, ws, splits, args.sm_scale,
+                                            case.page_size, inp.k_scale, **extra, **kw_config)
+
+        return fn, o, lse, splits
+
+    extra = {k: v for k, v in (("qo_indptr", qo_indptr), ("tree_mask", tree_mask))
+             if v is not None}
+    fn, o, lse, splits = call(full, R if ragged else B * qlen, inp.req_to_token, inp.seq_lens,
+                              **extra)
+    row: dict[str, Any] = {"drafts": drafts.name, "title": drafts.title, "H": H, "B": B,
+                           "L": case.L, "page_size": case.page_size,
+                           "cache": "fp8" if case.fp8 else args.dtype, "dtype": args.dtype,
+                           "qlen": qlen, "draft_counts": counts, "rows": R,
+                           "padded_rows": B * qlen, "num_kv_splits": splits,
+                           "overrides": overrides}
+    if args.check:
+        ref = api.decode_verify_ref(inp.q[:o.shape[0]], kv, LV, inp.req_to_token, inp.seq_lens,
+                                    None, qlen, args.sm_scale, case.page_size, inp.k_scale,
+                                    qo_indptr=qo_indptr, tree_mask=tree_mask)
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        res = judge(compare(o[:R], lse[:R], ref[0][:R], ref[1][:R]), CHECK_RTOL[args.dtype])
+        row["check"] = res
+        print(f"  check {drafts.name} H{H} B{B}: o rel err {res['err_o_rel']:.2e}, lse abs err "
+              f"{res['err_lse_abs']:.2e} -> {'ok' if res['ok'] else 'FAIL'}")
+        if not res["ok"]:
+            print(f"FAIL: {drafts.name} disagrees with decode_verify_ref", file=sys.stderr)
+            sys.exit(1)
+    row["time_us"] = harness.time_call(fn, device, **timing)[0]
+
+    # (a) the causal verify of the same rows
+    if tree_mask is not None:
+        fa = call(full, o.shape[0], inp.req_to_token, inp.seq_lens,
+                  **({"qo_indptr": qo_indptr} if ragged else {}))[0]
+        row["causal_rows"] = R
+    else:  # a ragged chain: the uniform call at the mean draft count
+        mean = max(1, round(R / B))
+        fa = call(dataclasses.replace(case, qlen=mean), B * mean, inp.req_to_token,
+                  inp.seq_lens)[0]
+        row["causal_rows"] = B * mean
+    row["causal_us"] = harness.time_call(fa, device, **timing)[0]
+    row["vs_causal"] = row["time_us"] / row["causal_us"]
+    # (b) every request padded to the most drafts (the same kernel variant: a tree of chains)
+    if ragged:
+        pad = ({"tree_mask": tree_mask_from_parents([chain_parents(qlen)] * B, device=device)}
+               if tree_mask is not None else {})
+        fb = call(full, B * qlen, inp.req_to_token, inp.seq_lens, **pad)[0]
+        row["padded_us"] = harness.time_call(fb, device, **timing)[0]
+        row["padded_speedup"] = row["padded_us"] / row["time_us"]
+        row["padded_target"] = 0.8 * (B * qlen) / max(R, 1)
+        row["padded_pass"] = row["padded_speedup"] >= row["padded_target"]
+    if tree_mask is not None:
+        row["tree_target"] = 1.1
+        row["tree_pass"] = row["vs_causal"] <= 1.1
+    # (c) the flat feed: one request per draft token, its own length (a chain's: a tree's rows
+    # cannot be fed so), the block table repeated per row
+    if R:
+        per_row = torch.tensor(counts, device=device)
+        lens = torch.cat([torch.arange(case.L - n + 1, case.L + 1, device=device)
+                          for n in counts]).to(torch.int32)
+        table = inp.req_to_token.repeat_interleave(per_row, dim=0).contiguous()
+        fc = call(dataclasses.replace(case, qlen=1, B=R), R, table, lens)[0]
+        row["flat_us"] = harness.time_call(fc, device, **timing)[0]
+        row["flat_speedup"] = row["flat_us"] / row["time_us"]
+    del inp
+    return row
+
+
+def drafts_line(row: dict, seconds: float) -> str:
+    parts = [f"{row['time_us']:.1f} us", f"causal {row['causal_us']:.1f} ({row['vs_causal']:.2f}x)"]
+    if "padded_us" in row:
+        parts.append(f"padded {row['padded_us']:.1f} ({row['padded_speedup']:.2f}x faster, "
+                     f"target {row['padded_target']:.2f}x)")
+    if "flat_us" in row:
+        parts.append(f"flat feed {row['flat_us']:.1f} ({row['flat_speedup']:.2f}x)")
+    return (f"  {row['drafts']} H{row['H']} B{row['B']} L{row['L']} ({row['rows']} rows): "
+            + ", ".join(parts) + f"  [{seconds:.1f} s]")
+
+
+DRAFTS_COLUMNS = ["drafts", "H", "B", "L", "rows", "time_us", "causal_us", "vs_causal",
+                  "padded_us", "vs_padded", "target", "flat_us", "vs_flat", "pass"]
+
+
+def drafts_table(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """The --drafts mode's printed table: ``vs_causal`` = ours / causal (trees: target <= 1.1),
+    ``vs_padded`` = padded / ours (ragged: target >= 0.8 x padded / real rows), ``vs_flat`` =
+    flat feed / ours."""
+    out = []
+    for r in rows:
+        passes = [r[k] for k in ("tree_pass", "padded_pass") if k in r]
+        target = "; ".join(t for t in (
+            "tree<=1.1x" if "tree_pass" in r else "",
+            f"pad>={r['padded_target']:.2f}x" if "padded_target" in r else "") if t)
+        out.append({
+            "drafts": r["drafts"], "H": r["H"], "B": r["B"], "L": r["L"], "rows": r["rows"],
+            "time_us": r["time_us"], "causal_us": r["causal_us"], "vs_causal": r["vs_causal"],
+            "padded_us": r.get("padded_us", ""), "vs_padded": r.get("padded_speedup", ""),
+            "target": target, "flat_us": r.get("flat_us", ""),
+            "vs_flat": r.get("flat_speedup", ""),
+            "pass": ("PASS" if all(passes) else "fail") if passes else "",
+        })
+    return out, list(DRAFTS_COLUMNS)

@@ -164,6 +164,46 @@ def baseline_seq_lens(L: int, qlen: int, B: int) -> list[int]:
     return row_limits(L, qlen) * B
 
 
+# --- draft workloads: ragged draft counts and EAGLE trees (issue 24) ---------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafts:
+    """A verify batch's drafts: ``max_drafts`` rows a request at most (the kernel's qlen);
+    ``tree``: each request's drafts an EAGLE tree of ``(topk, depth)``
+    (``mla_ops.draft_trees.eagle_parents``), else a chain; ``ragged``: each request's draft
+    count drawn uniformly from ``(lo, hi)``, else ``max_drafts`` each."""
+
+    name: str
+    title: str
+    max_drafts: int
+    tree: tuple[int, int] | None = None
+    ragged: tuple[int, int] | None = None
+
+
+DRAFTS: dict[str, Drafts] = {d.name: d for d in (
+    Drafts("eagle8", "EAGLE tree, topk 2 x depth 3 + root: 8 drafts", 8, tree=(2, 3)),
+    Drafts("eagle16", "EAGLE tree, topk 4 x depth 4 pruned to 16 drafts", 16, tree=(4, 4)),
+    Drafts("ragged8", "ragged chains, qlen_b uniform in 1..8", 8, ragged=(1, 8)),
+    Drafts("ragged8-eagle", "ragged EAGLE trees (topk 2 x depth 3), qlen_b uniform in 1..8", 8,
+           tree=(2, 3), ragged=(1, 8)),
+)}
+# The --drafts mode's grid unless --heads / --batch / --seq-len say otherwise; under
+# --interpret: 2 heads, 2 requests of 80 keys, pages of 16.
+DRAFT_HEADS, DRAFT_BATCH, DRAFT_SEQ_LEN = (16, 128), 32, 4096
+INTERPRET_DRAFTS = dict(H=2, B=2, L=80, page_size=16)
+
+
+def draft_counts(drafts: Drafts, B: int, seed: int) -> list[int]:
+    """Each request's draft count (``qlen_b``), drawn with ``seed``."""
+    import random
+
+    if drafts.ragged is None:
+        return [drafts.max_drafts] * B
+    rng = random.Random(seed)
+    return [rng.randint(*drafts.ragged) for _ in range(B)]
+
+
 # --- the decode sweep's grid --------------------------------------------------------------------
 
 GRID_HEADS = (16, 128)

@@ -555,6 +555,39 @@ def test_benchmark_family_the_machine_cannot_run_fails_by_name():
         bench.main(["--interpret", "--family", "gluon"])
 
 
+@CPU_ONLY
+def test_drafts_interpret_run_checks_and_writes_json(tmp_path, capsys):
+    """--drafts: each workload checked against the reference and timed against the causal
+    verify of the same rows, the padded batch (ragged ones) and the flat per-token feed."""
+    out = tmp_path / "t.json"
+    assert bench.main(["--interpret", "--drafts", "eagle8,ragged8", "--check",
+                       "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    eagle, ragged = doc["rows"]
+    assert eagle["drafts"] == "eagle8" and eagle["rows"] == 2 * 8 and eagle["check"]["ok"]
+    assert "padded_us" not in eagle and eagle["causal_rows"] == 16 and eagle["tree_target"] == 1.1
+    assert ragged["rows"] == sum(ragged["draft_counts"]) and ragged["check"]["ok"]
+    assert all(1 <= n <= 8 for n in ragged["draft_counts"]) and ragged["padded_rows"] == 16
+    assert ragged["padded_target"] == pytest.approx(0.8 * 16 / ragged["rows"])
+    for r in doc["rows"]:
+        assert r["time_us"] > 0 and r["causal_us"] > 0 and r["flat_us"] > 0
+    assert "vs_causal" in capsys.readouterr().out
+
+
+def test_drafts_grid_and_bad_arguments():
+    cases = bench.resolve_draft_cases(bench.parse_args(["--drafts", "all"]))
+    assert [(d.name, c.H, c.qlen, c.B, c.L) for d, c in cases][:2] == [
+        ("eagle8", 16, 8, 32, 4096), ("eagle8", 128, 8, 32, 4096)]
+    assert {d.name for d, _ in cases} == set(shapes.DRAFTS)
+    cases = bench.resolve_draft_cases(bench.parse_args(["--drafts", "eagle16", "--heads", "64",
+                                                        "--batch", "4", "--seq-len", "100"]))
+    assert [(c.H, c.qlen, c.B, c.L) for _, c in cases] == [(64, 16, 4, 100)]
+    for bad in (["--drafts", "eagle9"], ["--drafts", "eagle8", "--shape", "M1"],
+                ["--drafts", "ragged8", "--qlen", "4"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+
+
 def test_ab_interpret_times_variants_and_reports_refused_ones(tmp_path, monkeypatch):
     monkeypatch.setattr(decode, "load_api", _fake_api)
     out = tmp_path / "ab.json"
