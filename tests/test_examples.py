@@ -14,7 +14,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SCRIPTS = ["decode_verify_plan.py", "decode_verify_positional.py", "encoder_attention.py",
-           "compile.py"]
+           "compile.py", "draft_trees.py"]
 GPU = torch.cuda.is_available()
 
 

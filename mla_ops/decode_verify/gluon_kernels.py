@@ -34,6 +34,11 @@ fp8 -> fp16 is one cvt per two values, fp8 -> bf16 three): Q is converted in sha
 once (clamped to fp16's finite range), P is fp16, ``k_scale`` is folded into the score scale
 and into the final ``1 / l``.
 
+Ragged draft counts and draft trees (``VARLEN`` / ``HAS_TREE``, constexprs: without them the
+kernels are unchanged): a request's rows start at ``Qo_Indptr[b]`` (``_work``), a row block
+past its ``qlen_b`` rows does nothing, and the masked tail blocks test each row's tree mask
+(``_tree_visible``); as in the portable kernel (``kernels.py``'s docstring).
+
 NaN guard: the cache tokens of a page past a request's length may hold NaN. Scores of keys
 past a row's limit are replaced by -inf (``where``, whatever the key holds), and in the last
 block of a CTA the V rows past its last key are zeroed in shared memory before any P.V wgmma

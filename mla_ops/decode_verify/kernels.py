@@ -17,6 +17,14 @@ MMA's N), ``QSPLIT`` (the Lv part in two halves), ``USE_TMA`` (unmasked KV block
 copies through host descriptors), ``PERSISTENT`` (programs loop over the stage-1 work) and
 ``USE_PDL`` (stage 2 as a programmatic dependent launch of stage 1).
 
+Ragged draft counts (``VARLEN``): request b's rows are ``[Qo_Indptr[b], Qo_Indptr[b+1])`` of
+q / o / lse (and the workspace), ``qlen_b <= QLEN`` of them, its drafts its last ``qlen_b``
+keys; the grid is still laid out for ``QLEN`` rows a request, and a row block or stage-2
+program past the request's rows does nothing. Draft trees (``HAS_TREE``): bit j of a row's
+int64 mask says it sees draft token j (key ``L - qlen_b + j``); every row's limit is then the
+request's, the unmasked blocks end where the drafts start, and only the masked tail tests the
+bits. Both are constexprs: a launch without them compiles to the kernels without them.
+
 Decode context parallelism (``CP_WORLD > 1``): the cache is sharded along the sequence over
 ``CP_WORLD`` ranks in round-robin blocks of ``CP_INTERLEAVE`` tokens, and this launch attends
 over rank ``cp_rank``'s shard. Lengths come in global, the block table is the rank's own; each
