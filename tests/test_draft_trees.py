@@ -605,6 +605,42 @@ def test_eager_replays_launch_what_the_full_path_launches():
     assert out["replays"] >= 2 * 40 and out["calls"] == 3 * 40, out
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["triton", "gluon"])
+def test_gpu_eager_replay_bitwise(device, family):
+    """Eager calls with qo_indptr / tree_mask on the H200: recorded, replayed on new offsets and
+    masks (the same tensors' new contents, and new tensors), bit for bit the full path's."""
+    from mla_ops import fastpath
+
+    if fastpath.status() is not None:
+        pytest.skip(f"replays are off here: {fastpath.status()}")
+    if family == "gluon" and _gluon_why() is not None:
+        pytest.skip(f"the Gluon family does not run here: {_gluon_why()}")
+    config = {"family": family}
+    recorded = decode_attention_fwd_verify.__wrapped__
+    for seed, heads in ((1000, 16), (1001, 128)):
+        gen = _g(seed)
+        counts = tuple(torch.randint(0, 9, (4,), generator=gen).tolist())
+        case = _gpu_case(device, "bf16", batch=4, heads=heads, qlen=8, lens=(700, 64, 3000, 9),
+                         page=64, draft_counts=counts, extra_rows=2,
+                         trees=[random_ancestor_tree(n, gen) for n in counts])
+        args = case.op_args(3)
+        kw = {k: args.pop(k) for k in ("qo_indptr", "tree_mask")}
+        outs = (args["o"], args["lse"])
+        recorded(*args.values(), **kw, config=config)  # records
+        kw["tree_mask"] = kw["tree_mask"].flip(0).contiguous()  # new masks, new tensor
+        for t in outs:
+            t.fill_(float("nan"))
+        recorded(*args.values(), **kw, config=config)  # a replay
+        got = [t.clone() for t in outs]
+        assert fastpath.record_of("decode_verify", *args.values(), **kw, config=config)
+        for t in outs:
+            t.fill_(float("nan"))
+        recorded.full_path(*args.values(), **kw, config=config)
+        for a, b in zip(got, outs):
+            assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), "replay != full path"
+
+
 # --- GPU: both families at serving shapes --------------------------------------------------------
 
 GPU_DTYPES = {"bf16": (torch.bfloat16, None), "fp8": (torch.bfloat16, FP8)}
@@ -691,8 +727,9 @@ def test_gpu_chain_mask_equals_uniform_call(device, family):
         for changes in ({"tree_mask": chain}, {"qo_indptr": indptr}):
             o2, lse2 = _with(case, **changes).run(splits, FAMILIES[family])
             _with(case, **changes).assert_matches(o2, lse2)
-            torch.testing.assert_close(o2, o, rtol=0, atol=2e-3)
-            torch.testing.assert_close(lse2, lse, rtol=0, atol=1e-5)
+            # The same arithmetic (extra blocks only add p = 0): equal up to a bf16 ulp or two.
+            torch.testing.assert_close(o2, o, rtol=0, atol=1.6e-2)
+            torch.testing.assert_close(lse2, lse, rtol=0, atol=1e-4)
 
 
 @pytest.mark.gpu
