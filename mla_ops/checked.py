@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Iterator
 
 import torch
@@ -44,10 +45,18 @@ def enabled() -> bool:
     return _on
 
 
+def _switched() -> None:
+    """The C++ replays skip checked mode's host checks: tell them (mla_ops.fastpath)."""
+    fastpath = sys.modules.get(__package__ + ".fastpath")
+    if fastpath is not None:
+        fastpath.sync()
+
+
 def set_checked_mode(on: bool | None) -> None:
     """Turn checked mode on or off for this process (None: back to ``MLA_OPS_CHECKED``)."""
     global _on
     _on = _from_env() if on is None else bool(on)
+    _switched()
 
 
 @contextlib.contextmanager
@@ -55,10 +64,12 @@ def checked_mode(on: bool = True) -> Iterator[None]:
     """Checked mode on (or off) inside the block."""
     global _on
     saved, _on = _on, bool(on)
+    _switched()
     try:
         yield
     finally:
         _on = saved
+        _switched()
 
 
 def _refuse_capture(op: str, device: torch.device) -> None:
