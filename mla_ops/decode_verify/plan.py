@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+import weakref
 import torch
 
 from .. import platform
@@ -72,6 +73,8 @@ class VerifyPlan:
     # The (dtype, device, shape) of q and the cache of calls that passed _check: a run with
     # the same ones is not checked again (a set lookup instead of ~20 attribute tests).
     _passed: set = dataclasses.field(default_factory=set, repr=False)
+    # [(a weak reference to the cache, its values view, its address)] of the last run (_values_of).
+    _v_view: list = dataclasses.field(default_factory=lambda: [None], repr=False)
 
     @property
     def workspace_shape(self) -> tuple[int, ...] | None:
@@ -120,9 +123,20 @@ class VerifyPlan:
             raise RuntimeError("plan: call alloc_workspace() (or warmup()) before run(), "
                                "outside any CUDA-graph capture")
         torch.ops.mla.decode_verify(
-            q, kv_cache, kv_cache[..., :self.v_head_dim], o, lse, block_table, seq_lens,
+            q, kv_cache, self._values_of(kv_cache), o, lse, block_table, seq_lens,
             real_seq_lens, self.qlen, self.workspace, self.num_kv_splits, sm_scale,
             self.page_size, k_scale, self.cp_world, self.cp_rank, self.cp_interleave)
+
+    def _values_of(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The latent's first Lv columns: one view per cache (an eager call saves making it),
+        made afresh under tracing (no address to compare)."""
+        if torch.compiler.is_compiling():
+            return kv_cache[..., :self.v_head_dim]
+        seen = self._v_view[0]
+        if seen is None or seen[0]() is not kv_cache or seen[2] != kv_cache.data_ptr():
+            seen = self._v_view[0] = (weakref.ref(kv_cache), kv_cache[..., :self.v_head_dim],
+                                      kv_cache.data_ptr())
+        return seen[1]
 
     def _check(self, q, kv_cache, o, lse, warm: bool = False) -> None:
         seen = None
