@@ -20,7 +20,7 @@ Run it on the GPUs (self-spawns one process per GPU when not started by torchrun
     PYTHONPATH=. timeout 300 torchrun --nproc-per-node 2 benchmarks/benchmark_cp_verify.py \\
         --quick --json $OUT/cp.json
     PYTHONPATH=. torchrun --nproc-per-node 2 benchmarks/benchmark_cp_verify.py --check \\
-        --json benchmarks/results/h200/cp_verify.json          # the full grid
+        --json $OUT/cp_verify.json          # the full grid
     PYTHONPATH=. python benchmarks/benchmark_cp_verify.py --heads 128 --qlen 4 --batch 32 \\
         --seq-len 1048576 --method rs a2a ar
 
