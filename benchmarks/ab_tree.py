@@ -253,11 +253,13 @@ def precompile(sides, dcases, dplans, ppoints, dtype: str, args) -> None:
     for c in dcases:
         for s in sides:
             cfg, splits = dplans[(c.key, s.label)]
-            k, spec = trees.decode_spec(s.tree, s.name, c, dtype, splits, cfg)
+            k, spec = trees.decode_spec(s.tree, s.name, c, dtype, splits, cfg,
+                                        sources=s.info["sources_sha256"])
             specs.setdefault(k, spec)
     for _name, shape, causal in ppoints:
         for s in sides:
-            k, spec = trees.prefill_spec(s.tree, s.name, shape, causal, dtype)
+            k, spec = trees.prefill_spec(s.tree, s.name, shape, causal, dtype,
+                                         sources=s.info["sources_sha256"])
             specs.setdefault(k, spec)
     budget = max(30.0, min(300.0, args.deadline - time.monotonic() - 60.0))
     compile_pool.precompile(trees.compile_job, specs, jobs, budget_s=budget)

@@ -192,12 +192,14 @@ def compile_job(spec: dict) -> None:
 
 
 def decode_spec(side_tree: str | None, side_name: str, case, act: str, splits: int,
-                cfg: dict, device: str = "cuda") -> tuple[tuple, dict]:
-    """``(key, spec)`` of a decode compile job: the key is what Triton specializes the launch
-    on (config, shape constants, whether the block table's width is a multiple of 16, one
-    split or several), so that points sharing a binary compile it once."""
+                cfg: dict, device: str = "cuda", sources: str | None = None) -> tuple[tuple, dict]:
+    """``(key, spec)`` of a decode compile job: the key is the side's sources (``sources``,
+    e.g. :func:`tree_hash`, else its name: Triton keys its cache on a kernel's source, not its
+    module) and what Triton specializes the launch on (config, shape constants, whether the
+    block table's width is a multiple of 16, one split or several), so that points and sides
+    sharing a binary compile it once."""
     pages = math.ceil(case.L / case.page_size)
-    key = ("decode", side_name, case.H, case.qlen, case.fp8, case.page_size, pages % 16 == 0,
+    key = ("decode", sources or side_name, case.H, case.qlen, case.fp8, case.page_size, pages % 16 == 0,
            act, splits == 1, tuple(sorted((k, str(v)) for k, v in cfg.items())))
     spec = {"family": "decode", "tree": side_tree, "name": side_name, "H": case.H,
             "qlen": case.qlen, "B": case.B, "L": case.L, "fp8": case.fp8,
@@ -206,7 +208,8 @@ def decode_spec(side_tree: str | None, side_name: str, case, act: str, splits: i
 
 
 def prefill_spec(side_tree: str | None, side_name: str, shape: tuple, causal: bool, act: str,
-                 device: str = "cuda") -> tuple[tuple, dict]:
-    key = ("prefill", side_name, tuple(shape), causal, act)
+                 device: str = "cuda", sources: str | None = None) -> tuple[tuple, dict]:
+    """``(key, spec)`` of an encoder compile job (the shape itself: one launch per shape)."""
+    key = ("prefill", sources or side_name, tuple(shape), causal, act)
     return key, {"family": "prefill", "tree": side_tree, "name": side_name,
                  "shape": list(shape), "causal": causal, "act": act, "device": device}

@@ -167,3 +167,43 @@ def test_a_side_whose_output_is_off_fails_the_run(tree, tmp_path, monkeypatch, c
     assert not row["ok"] and row["check"]["current"]["ok"] and not row["check"]["same"]["ok"]
     assert "noise_ratio" in row
     assert "DISAGREE" in capsys.readouterr().out
+
+
+def test_compile_jobs_one_per_binary_and_sources(tree, monkeypatch):
+    """The pool's specs: one per (sources, launch Triton specializes on), so a side with the
+    current sources (same vs same, --same) compiles nothing more."""
+    from benchmarks import compile_pool
+
+    seen = {}
+    monkeypatch.setattr(compile_pool, "precompile",
+                        lambda job, specs, jobs, budget_s: seen.update(job=job, specs=specs))
+    args = ab_tree.parse_args(["--base-tree", str(tree), "--same", "--jobs", "2"])
+    args.deadline = float("inf")
+    sides = ab_tree.load_sides(args)
+    assert [s.label for s in sides] == ["base", "current", "same"]
+    cases = ab_tree.decode_points(args)
+    plans = ab_tree.decode_plans(sides, cases, "cpu", torch.bfloat16)
+    points = ab_tree.prefill_points(args)
+    ab_tree.precompile(sides, cases, plans, points, "bf16", args)
+    assert seen["job"] is trees.compile_job
+    specs = list(seen["specs"].values())
+    assert {s["name"] for s in specs} == {ab_tree.BASE_NAME}  # the first side of those sources
+    assert sum(s["family"] == "prefill" for s in specs) == 10
+    one_side = {trees.decode_spec(None, "x", c, "bf16", plans[(c.key, "current")][1],
+                                  plans[(c.key, "current")][0])[0] for c in cases}
+    assert sum(s["family"] == "decode" for s in specs) == len(one_side) < len(cases)
+
+
+@CPU_ONLY
+def test_compile_job_runs_each_family_of_a_copy(tree):
+    from benchmarks.shapes import INTERPRET_CASE, PREFILL_INTERPRET
+
+    cfg, splits = trees.decode_launch(trees.load(tree, "mla_ops_t_copy"), INTERPRET_CASE,
+                                      torch.float16, "cpu")
+    assert splits >= 1 and cfg["family"] == "triton"
+    _key, spec = trees.decode_spec(str(tree), "mla_ops_t_copy", INTERPRET_CASE, "fp16", splits,
+                                   cfg, device="cpu")
+    trees.compile_job(spec)
+    _key, spec = trees.prefill_spec(str(tree), "mla_ops_t_copy", PREFILL_INTERPRET, True, "fp16",
+                                    device="cpu")
+    trees.compile_job(spec)
