@@ -199,8 +199,8 @@ def decode_spec(side_tree: str | None, side_name: str, case, act: str, splits: i
     block table's width is a multiple of 16, one split or several), so that points and sides
     sharing a binary compile it once."""
     pages = math.ceil(case.L / case.page_size)
-    key = ("decode", sources or side_name, case.H, case.qlen, case.fp8, case.page_size, pages % 16 == 0,
-           act, splits == 1, tuple(sorted((k, str(v)) for k, v in cfg.items())))
+    key = ("decode", sources or side_name, case.H, case.qlen, case.fp8, case.page_size,
+           pages % 16 == 0, act, splits == 1, tuple(sorted((k, str(v)) for k, v in cfg.items())))
     spec = {"family": "decode", "tree": side_tree, "name": side_name, "H": case.H,
             "qlen": case.qlen, "B": case.B, "L": case.L, "fp8": case.fp8,
             "page_size": case.page_size, "act": act, "splits": splits, "device": device}
