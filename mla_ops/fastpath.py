@@ -536,16 +536,22 @@ def _values(op: str, args: tuple, kwargs: dict) -> tuple:
 
 def record_of(op: str, *args, **kwargs) -> "_Record | None":
     """The record a call with these arguments would replay, or None (tests): as the public
-    function keys it, or as the op's kernel does (every argument given, defaults filled)."""
+    function keys it, or as the op's kernel does (the dispatcher passes the arguments
+    positionally, without the trailing ones that equal their defaults)."""
     from . import platform
 
     plat = platform.current()
     record = _RECORDS.get(_key(op, _values(op, args, kwargs), plat))
     if record is None and "config" not in kwargs:
         schema = getattr(torch.ops.mla, op).default._schema.arguments
-        full = tuple(args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
-                     for i, a in enumerate(schema))
-        record = _RECORDS.get(_key(op, full + (None,), plat))
+        full = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
+                for i, a in enumerate(schema)]
+        while full:
+            a, v = schema[len(full) - 1], full[-1]
+            if not a.has_default_value() or isinstance(v, torch.Tensor) or v != a.default_value:
+                break
+            full.pop()
+        record = _RECORDS.get(_key(op, _values(op, tuple(full), {}), plat))
     return record
 
 
