@@ -566,16 +566,44 @@ def test_gpu_replays_captured_in_a_graph():
                        rope=64, dtype=torch.bfloat16)
     args = case.op_args(4)
     mla_ops.decode_attention_fwd_verify(**args)  # records
-    before = len(fastpath._RECORDS)
+    before, hits = len(fastpath._RECORDS), (fastpath.cpp_stats() or {}).get("hits")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         mla_ops.decode_attention_fwd_verify(**args)
     assert len(fastpath._RECORDS) == before
+    if fastpath._cpp_route[0]:  # the capture holds the C++ replay's launches
+        assert fastpath.cpp_stats()["hits"] == hits + 1
     assert args["q"] is case.q  # new contents, read by the reference too
     case.q.copy_(torch.randn_like(case.q) * case.q.float().std())
     args["o"].fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
+    case.assert_matches(args["o"], args["lse"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not fastpath._cpp_route[0],
+                    reason="no C++ replays here (needs a GPU, mla_ops._C and triton 3.6)")
+def test_gpu_compiled_calls_replay_in_cpp():
+    """torch.compile(fullgraph=True) of a step that calls the op: the compiled code calls it
+    through the dispatcher, so its second run replays in C++, with the eager call's bits."""
+    case = decode_case("cuda", batch=3, heads=16, qlen=2, lens=[700, 2000, 64], page=64,
+                       Lv=512, rope=64, dtype=torch.bfloat16)
+    args = case.op_args(3)
+
+    @torch.compile(fullgraph=True)
+    def step(q):
+        torch.ops.mla.decode_verify(q, *list(args.values())[1:])
+
+    step(args["q"])
+    hits = fastpath.cpp_stats()["hits"]
+    args["o"].fill_(float("nan"))
+    step(args["q"])
+    assert fastpath.cpp_stats()["hits"] == hits + 1
+    got = args["o"].clone()
+    args["o"].fill_(float("nan"))
+    mla_ops.decode_attention_fwd_verify.full_path(*args.values())
+    assert torch.equal(got, args["o"])
     case.assert_matches(args["o"], args["lse"])
 
 
