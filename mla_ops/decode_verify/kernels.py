@@ -35,10 +35,11 @@ is outside the cache (pages only a length past ``real_len`` would touch are neve
 never mark). The block loops pay one unsigned min (the clamp: a negative index is huge as
 uint32) and one unsigned max (the running largest index, compared with ``num_pages`` once
 after the loops) per index they load anyway. Before the loops each program also checks the
-table entries of its split that only later rows of the request read (rarely any), so every row
-block agrees. Split partials carry the mark as NaN, and stage 2 merges the lse of all the
-request's splits, so a NaN partial makes the row's sum NaN, which it turns into NaN rows
-explicitly (its ``has_key`` test would read a NaN sum as "no key").
+table entries of its split that only later rows of the request read (rarely any; never with
+qlen 1, where it is not compiled), so every row block agrees. Split partials carry the mark as
+NaN, and stage 2 merges the lse of all the request's splits, so a NaN partial makes the row's
+sum NaN, which it turns into NaN rows explicitly (its ``has_key`` test would read a NaN sum as
+"no key").
 """
 
 import triton
@@ -327,15 +328,20 @@ def _stage1_program(
     # below kv_end: none for the request's last row block, and for the others none unless
     # kv_end falls on a page boundary, or pages are shorter than qlen), so that every row
     # block of the request marks it alike. Checked first, while nothing else is live: only a
-    # flag is carried through the loops.
+    # flag is carried through the loops. QLEN == 1: every row has the request's limit, so the
+    # loops read every entry the request reads and there is none to check; not compiled, so
+    # that no loop and no branch on the loaded length sit ahead of the first KV load (fd03dc4
+    # vs this check: H16 q1 B1 L8k +9% on the H200, one or two blocks per program; offline
+    # sm_90a, the guard takes that launch's stage 1 from 3440 to 3384 SASS, fd03dc4 3361).
     req_row = pid_b.to(tl.int64) * stride_req_b
-    EXTRA: tl.constexpr = 16
-    pg_lo = tl.where(kv_end > split_start, tl.cdiv(kv_end, PAGE_SIZE), split_start // PAGE_SIZE)
-    pg_end = tl.cdiv(tl.minimum(split_end, req_lim), PAGE_SIZE)
-    for j0 in range(pg_lo, pg_end, EXTRA):
-        offs_j = j0 + tl.arange(0, EXTRA)
-        pages = tl.load(Req_to_Token + req_row + offs_j, mask=offs_j < pg_end, other=0)
-        marked = marked | (tl.max(pages.to(tl.uint32, bitcast=True), axis=0) >= num_pages.to(tl.uint32))
+    if QLEN > 1:
+        EXTRA: tl.constexpr = 16
+        pg_lo = tl.where(kv_end > split_start, tl.cdiv(kv_end, PAGE_SIZE), split_start // PAGE_SIZE)
+        pg_end = tl.cdiv(tl.minimum(split_end, req_lim), PAGE_SIZE)
+        for j0 in range(pg_lo, pg_end, EXTRA):
+            offs_j = j0 + tl.arange(0, EXTRA)
+            pages = tl.load(Req_to_Token + req_row + offs_j, mask=offs_j < pg_end, other=0)
+            marked = marked | (tl.max(pages.to(tl.uint32, bitcast=True), axis=0) >= num_pages.to(tl.uint32))
 
     # Queries of the tile, kept for the whole pass.
     q_row = (pid_b * QLEN + tok).to(tl.int64)
