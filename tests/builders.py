@@ -57,8 +57,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 import mla_ops  # noqa: F401  (registers torch.ops.mla)
-from mla_ops.reference import (FP8_DTYPES, cache_pages, context_attention_ref, decode_verify_ref,
-                               verify_row_limits)
+from mla_ops.numerics import FP8_DTYPES
+from mla_ops.reference import cache_pages, context_attention_ref, decode_verify_ref, verify_row_limits
 
 __all__ = ["interpret", "SM_SCALE", "FP8", "K", "FLOOR", "DecodeCase", "decode_case", "EncoderCase",
            "encoder_case", "lowp_attention", "assert_within", "to_meta", "guarded", "ToleranceError"]

@@ -66,10 +66,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
+from ..numerics import LN2
 
 from .kernels import _cp_local_len  # plain integer arithmetic: shared with the portable kernel
 
-_LN2 = gl.constexpr(0.6931471805599453)
+_LN2 = gl.constexpr(LN2)
 _BM = gl.constexpr(64)  # rows per CTA: one wgmma M
 _DT = gl.constexpr(64)  # columns per shared tile: 128 B of 16-bit values, one swizzle row
 

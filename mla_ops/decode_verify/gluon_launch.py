@@ -24,6 +24,7 @@ import torch
 from ..fastpath import launch
 from ..gluon_support import descriptor, gl, load_kernels, sm90_reason
 from ..host import cache_bounds, cdiv
+from ..numerics import exp2_scale
 
 __all__ = [
     "GLUON_DEFAULT_CONFIG",
@@ -67,7 +68,6 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     "QK_FIRST": 0,
 }
 
-_LOG2E = 1.4426950408889634
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
 
 # The kernels (None where they do not import) and gluon_available(): None, or why not.
@@ -203,7 +203,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     kernel = _gk._verify_stage1_alt if (c["SCHEDULE"] == "alt" and not fp8) else _gk._verify_stage1_ws
     extra = {"QK_FIRST": bool(c["QK_FIRST"])} if kernel is _gk._verify_stage1_alt else {}
     launch(kernel, grid,
-        q_desc, k_desc, float(sm_scale) * _LOG2E, req_to_token, seq_lens,
+        q_desc, k_desc, exp2_scale(sm_scale), req_to_token, seq_lens,
         real_lens if has_real else seq_lens, mid_t, o, lse, k_scale,
         req_to_token.stride(0), *mid_strides, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
         num_kv_splits, qlen, num_heads, page_size, num_pages, kv_capacity,

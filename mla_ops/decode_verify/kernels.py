@@ -44,6 +44,8 @@ explicitly (its ``has_key`` test would read a NaN sum as "no key").
 import triton
 import triton.language as tl
 
+from ..numerics import LN2
+
 try:  # programmatic dependent launch (triton >= 3.4); the launcher only asks for it when present
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -52,7 +54,7 @@ except ImportError:
     gdc_launch_dependents = gdc_wait = None
     HAS_PDL = False
 
-_LN2 = tl.constexpr(0.6931471805599453)
+_LN2 = tl.constexpr(LN2)
 
 
 @triton.jit

@@ -23,7 +23,7 @@ except ImportError:
 from .. import checked, platform, spec
 from ..fastpath import launch, persistent, recorded
 from ..host import cache_bounds, cdiv, device_guard, next_power_of_2, public_launcher
-from ..reference import FP8_DTYPES
+from ..numerics import FP8_DTYPES, exp2_scale
 from . import kernels
 from .configs import GLUON_FAMILY_CONFIG, HIP_LAUNCH_KEYS, select_verify_config
 from .gluon_launch import (
@@ -41,7 +41,6 @@ __all__ = [
     "_storage_view",
 ]
 
-_LOG2E = 1.4426950408889634
 _CHECK = spec.python_checks()
 
 # One fp32 1.0 per device: the k_scale of caches that need none. Made outside any capture.
@@ -328,7 +327,7 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     persistent = cfg["PERSISTENT"] > 0
     grid = (min(programs, cfg["PERSISTENT"] * plat.sm_count) if persistent else programs,)
     launch(kernels._fwd_verify_stage1, grid,
-        q, k_buffer, k_desc, kpe_desc, sm_scale * _LOG2E, req_to_token, seq_lens, real, mid, o, lse,
+        q, k_buffer, k_desc, kpe_desc, exp2_scale(sm_scale), req_to_token, seq_lens, real, mid, o, lse,
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
         *mid_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),

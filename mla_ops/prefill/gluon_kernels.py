@@ -70,10 +70,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
+from ..numerics import LOG2E
 
 _BM = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
 _NEG_BIG = gl.constexpr(-1.0e30)
-_LOG2E = gl.constexpr(1.4426950408889634)
+_LOG2E = gl.constexpr(LOG2E)
 
 
 @gluon.jit

@@ -25,6 +25,10 @@ path pays a few scalar instructions per program and one ``[BLOCK_M]`` select in 
 import triton
 import triton.language as tl
 
+from ..numerics import LOG2E
+
+_LOG2E = tl.constexpr(LOG2E)
+
 # A finite "minus infinity" for the running max: a row that has seen only masked keys keeps
 # m = _NEG_BIG, so exp2(m_old - m_new) is exp2(0) = 1 and never the NaN of (-inf) - (-inf).
 _NEG_BIG = tl.constexpr(-1.0e30)
@@ -274,7 +278,7 @@ def context_attention_kernel(
     if HAS_SINKS:
         # The sink is a null logit in natural-log units, outside the softmax scale: start the
         # running softmax as if one key of logit `sink` had been seen with a zero value.
-        sink = tl.load(Sinks + cur_head).to(tl.float32) * 1.4426950408889634
+        sink = tl.load(Sinks + cur_head).to(tl.float32) * _LOG2E
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
     else:

@@ -20,6 +20,7 @@ import triton
 
 from .. import checked, fastpath, spec, tuning
 from ..host import cdiv, device_guard, next_power_of_2, public_launcher
+from ..numerics import exp2_scale
 from ..platform import current
 from .configs import select_prefill_config
 from .gluon_launch import (
@@ -38,7 +39,6 @@ __all__ = [
     "Launch",
 ]
 
-_LOG2E = 1.4426950408889634
 _CHECK = spec.python_checks()
 
 
@@ -135,7 +135,7 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
         if not why:
             kwargs = dict(q=q, k=k, v=v, o=o, b_start_loc=b_start_loc, b_seq_len=b_seq_len,
                           max_input_len=max_input_len, is_causal=bool(is_causal),
-                          qk_scale=float(softmax_scale) * _LOG2E, sinks=sinks, split=split,
+                          qk_scale=exp2_scale(softmax_scale), sinks=sinks, split=split,
                           cfg={key: cfg[key] for key in GLUON_DEFAULT_CONFIG})
             grid = (_row_blocks(max_input_len, cfg["BLOCK_M"]), q.shape[1], batch)
             return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied,
@@ -146,7 +146,7 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
     kwargs = dict(
         Q=q, K=k, V=v, O=o, Sinks=sinks if sinks is not None else q,
         B_Start_Loc=b_start_loc, B_Seq_Len=b_seq_len,
-        qk_scale=float(softmax_scale) * _LOG2E,
+        qk_scale=exp2_scale(softmax_scale),
         window_q=int(sliding_window_q or 0), window_k=int(sliding_window_k or 0),
         stride_qt=q.stride(0), stride_qh=q.stride(1),
         stride_kt=k.stride(0), stride_kh=k.stride(1),
