@@ -271,11 +271,8 @@ def run_case(case: Case, a: argparse.Namespace, dev, kernel: str) -> dict:
     from benchmarks.decode import compare
     from mla_ops import platform
     from mla_ops.context_parallel import CPVerify
-    from mla_ops.decode_verify.launch import (
-        decode_attention_fwd_verify,
-        select_verify_config,
-        verify_num_kv_splits,
-    )
+    from mla_ops.decode_verify.launch import decode_attention_fwd_verify, select_verify_config
+    from mla_ops.decode_verify.splits import verify_num_kv_splits
 
     world, rank = dist.get_world_size(), dist.get_rank()
     gen = torch.Generator(device=dev).manual_seed(a.seed)

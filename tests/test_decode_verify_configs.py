@@ -18,8 +18,8 @@ import pytest
 import mla_ops  # noqa: F401
 from mla_ops import tuning
 from mla_ops.decode_verify import configs
-from mla_ops.decode_verify.launch import (reachable_batches, select_verify_config,
-                                          verify_num_kv_splits, verify_row_blocks)
+from mla_ops.decode_verify.launch import reachable_batches, select_verify_config
+from mla_ops.decode_verify.splits import verify_num_kv_splits, verify_row_blocks
 from mla_ops.platform import mock_platform
 
 # (batch, qlen, heads): the ANCHORS.md shapes M1..M7 and the edges of the small buckets.

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import mla_ops
-from mla_ops.decode_verify.launch import launch_config, verify_num_kv_splits
+from mla_ops.decode_verify.launch import launch_config
+from mla_ops.decode_verify.splits import verify_num_kv_splits
 from mla_ops.platform import mock_platform
 
 from builders import SM_SCALE, decode_case

@@ -69,6 +69,7 @@ from ..gluon_support import tma  # hopper's tma under one name on every triton o
 from ..numerics import LN2
 
 from .kernels import _cp_local_len  # plain integer arithmetic: shared with the portable kernel
+from .splits import split_chunk
 
 _LN2 = gl.constexpr(LN2)
 _BM = gl.constexpr(64)  # rows per CTA: one wgmma M
@@ -125,8 +126,7 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     # The keys of the request's last row: the table entries the whole request reads.
     req_lim = _local(_row_limit(qlen - 1, seq_len, real_len, qlen), cp_rank, CP_WORLD, CP_INTERLEAVE)
     # Split s covers [s * chunk, min((s + 1) * chunk, L)), as in the portable kernel.
-    chunk = gl.maximum(gl.cdiv(local_len, num_kv_splits), MIN_SPLIT_LEN)
-    chunk = gl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    chunk = split_chunk(local_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
     split_start = pid_s * chunk
     split_end = gl.minimum(split_start + chunk, local_len)
     kv_end = gl.minimum(split_end, max_lim)  # no row of the tile needs keys past this

@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from ..numerics import LN2
+from .splits import split_chunk
 
 try:  # programmatic dependent launch (triton >= 3.4); the launcher only asks for it when present
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -316,8 +317,7 @@ def _stage1_program(
     max_lim = tl.max(row_lim, axis=0)
 
     # Split s of request b covers [s * chunk, min((s + 1) * chunk, L)).
-    chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
-    chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    chunk = split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
     split_start = pid_s * chunk
     split_end = tl.minimum(split_start + chunk, seq_len)
     kv_end = tl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
@@ -580,8 +580,7 @@ def _fwd_verify_stage2(
     seq_len = tl.minimum(seq_len, kv_capacity)
     # Same chunking as stage 1; the row's splits are those starting below its limit, the
     # request's those starting below its last row's.
-    chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
-    chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    chunk = split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
     n_splits = tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
     n_req = tl.minimum(tl.cdiv(req_lim, chunk), num_kv_splits)
 

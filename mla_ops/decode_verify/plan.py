@@ -31,7 +31,8 @@ import torch
 
 from .. import platform
 from ..checked import local_length
-from .launch import launch_config, verify_num_kv_splits, warmup_decode_attention_fwd_verify
+from .launch import launch_config, warmup_decode_attention_fwd_verify
+from .splits import verify_num_kv_splits
 
 __all__ = ["VerifyPlan", "plan_verify"]
 
