@@ -22,21 +22,21 @@ except ImportError:
 
 from .. import checked, platform, spec
 from ..fastpath import launch, persistent, recorded
+from ..gluon_support import select_family
 from ..host import cache_bounds, cdiv, device_guard, next_power_of_2, public_launcher
 from ..numerics import FP8_DTYPES, exp2_scale
 from . import kernels
-from .configs import GLUON_FAMILY_CONFIG, HIP_LAUNCH_KEYS, select_verify_config
+from .configs import HIP_LAUNCH_KEYS, select_verify_config, verify_facts
 from .gluon_launch import (
     gluon_unsupported_reason,
     gluon_unsupported_shape,
     launch_verify_stage1_gluon,
 )
+from .splits import verify_row_blocks
 
 __all__ = [
     "decode_attention_fwd_verify",
     "select_verify_config",
-    "verify_num_kv_splits",
-    "verify_row_blocks",
     "warmup_decode_attention_fwd_verify",
     "_storage_view",
 ]
@@ -69,56 +69,6 @@ def _storage_view(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     for size in reversed(shape[1:]):
         strides.insert(0, strides[0] * size)
     return torch.as_strided(t, shape, strides, 0)
-
-
-def verify_row_blocks(qlen: int, num_heads: int, block_h: int) -> int:
-    """Stage-1 row blocks per request: ``cdiv(qlen * num_heads, block_h)``."""
-    return cdiv(qlen * num_heads, block_h)
-
-
-def verify_num_kv_splits(
-    max_seq_len: int,
-    batch: int,
-    qlen: int,
-    num_heads: int,
-    sm_count: int | None = None,
-    block_h: int | None = None,
-    occupancy: float = 1.0,
-    min_work_per_split: int | None = None,
-    max_splits: int = 8,
-) -> int:
-    """Static upper bound on KV splits (safe to bake into a CUDA graph).
-
-    The kernel splits each request's own length into ``max(cdiv(L, splits), MIN_SPLIT_LEN)``
-    chunks, so this only caps the split count. ``occupancy`` is the number of resident stage-1
-    programs per SM/CU. If one split of every request fits in a single dispatch round, use as
-    many splits as fit in that round; otherwise pick n <= max_splits minimising rounds(n) / n
-    (the idle tail of the last round), preferring fewer splits within 5% of the best.
-
-    Unlike the seed, ``block_h`` and ``min_work_per_split`` default to the config the table
-    selects for this batch (its ``BLOCK_H`` and ``SPLIT_WORK``), and ``sm_count`` to this GPU's:
-    the seed's fixed ``block_h`` of 32 disagrees with the sm_90 table's 16/64-row tiles, which
-    cost up to 2x on the H200 (and twice the workspace at M1).
-    """
-    if block_h is None or min_work_per_split is None:
-        cfg = select_verify_config(batch, qlen, num_heads)
-        block_h = cfg["BLOCK_H"] if block_h is None else block_h
-        min_work_per_split = (cfg["SPLIT_WORK"] if min_work_per_split is None
-                              else min_work_per_split)
-    sm_count = platform.current().sm_count if sm_count is None else sm_count
-    programs_per_split = max(1, batch) * verify_row_blocks(qlen, num_heads, block_h)
-    ideal = cdiv(max(1, max_seq_len), max(1, min_work_per_split))
-    slots = max(1, int(occupancy * sm_count))
-    if programs_per_split <= slots:
-        n = slots // programs_per_split
-    else:
-        cost = [
-            (cdiv(n * programs_per_split, slots) / n, n)
-            for n in range(1, max(1, min(ideal, max_splits)) + 1)
-        ]
-        best = min(c for c, _ in cost)
-        n = min(n for c, n in cost if c <= best * 1.05)
-    return max(1, min(ideal, n, sm_count * 2))
 
 
 def _cache_strides(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int]:
@@ -172,23 +122,30 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
 
 def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor, Lv: int,
                   config: dict[str, Any] | None = None, *, q_dtype: torch.dtype | None = None,
-                  page_size: int | None = None) -> dict[str, Any]:
+                  page_size: int | None = None, q: torch.Tensor | None = None
+                  ) -> dict[str, Any]:
     """The config a launch of these facts runs: the table's, ``config`` laid over it, and the
     facts of the launch that the table cannot see (a 16-wide Lv cannot be halved by QSPLIT).
 
     The table routes on whether the sm_90 Gluon family covers the launch (``gluon`` fact: GPU,
     triton, dtypes, head dims, page size); that needs ``q_dtype`` and ``page_size`` (without
-    them the fact is False). Both families run a context-parallel rank's launch: the config does
-    not depend on the world size.
+    them the fact is False). Given ``q`` too (the launch's own tensors), a Gluon config that
+    the tensors do not allow (``gluon_unsupported_reason``) falls back to the portable family
+    (:func:`mla_ops.gluon_support.select_family`). Both families run a context-parallel rank's
+    launch: the config does not depend on the world size.
     """
-    fp8 = k_buffer.dtype in FP8_DTYPES
-    gluon = (q_dtype is not None and page_size is not None
-             and gluon_unsupported_shape(k_buffer.device, q_dtype, k_buffer.dtype, num_heads,
-                                         k_buffer.shape[-1], Lv, page_size) is None)
-    if gluon and config and (config.get("family") == "triton" or "family" not in config
-                             and not set(config) <= set(GLUON_FAMILY_CONFIG)):
-        gluon = False  # the portable family asked for, or its keys overridden: its table rule
-    cfg = select_verify_config(batch, qlen, num_heads, fp8=fp8, gluon=gluon, config=config)
+    if q_dtype is None or page_size is None:
+        unsupported = "the launch's q dtype and page size are not given"
+    else:
+        unsupported = gluon_unsupported_shape(k_buffer.device, q_dtype, k_buffer.dtype,
+                                              num_heads, k_buffer.shape[-1], Lv, page_size)
+    tensors_unsupported = None
+    if q is not None:
+        def tensors_unsupported(cfg):
+            return gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg)
+    cfg = select_family("decode_verify",
+                        verify_facts(batch, qlen, num_heads, fp8=k_buffer.dtype in FP8_DTYPES),
+                        config, unsupported, tensors_unsupported)
     if cfg["family"] == "triton" and Lv < 32 and cfg.get("QSPLIT"):
         cfg["QSPLIT"] = 0  # the halves would be narrower than a dot's K of 16
     return cfg
@@ -265,14 +222,7 @@ def decode_attention_fwd_verify(
     if checked.enabled():
         checked.validate_decode_verify(*args)
     cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config, q_dtype=q.dtype,
-                        page_size=page_size)
-    if cfg["family"] == "gluon":
-        why = gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg)
-        if why and config and config.get("family") == "gluon":
-            raise ValueError(f"config: the gluon family cannot run this launch: {why}")
-        if why:  # what only the tensors show (pointer alignment): the portable kernel
-            cfg = select_verify_config(batch, qlen, num_heads, fp8=k_buffer.dtype in FP8_DTYPES,
-                                       config={**(config or {}), "family": "triton"})
+                        page_size=page_size, q=q)
     if batch == 0 or num_heads == 0:
         return
     with device_guard(q.device):
