@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 import triton
 
-from . import tuning
+from . import platform, tuning
 
 __all__ = ["GLUON_TRITON_VERSIONS", "GLUON_GPU_CHECKED", "gluon_buildable", "gluon_available",
            "load_kernels", "sm90_reason", "select_family", "TensorDescriptor", "gl", "tma",
@@ -108,14 +108,19 @@ def load_kernels(package: str) -> tuple[ModuleType | None, Callable[[], str | No
 
 
 def sm90_reason(device: torch.device) -> str | None:
-    """None for a CUDA device of compute capability 9.0 (wgmma, TMA, setmaxnreg), else why not."""
+    """None for a CUDA device of compute capability 9.0 (wgmma, TMA, setmaxnreg), else why not.
+
+    The GPU is the one :func:`mla_ops.platform.current` describes (``mock_platform`` in tests);
+    ``device`` says whether the launch's tensors are on it."""
     if device.type != "cuda":
         return "not a CUDA tensor"
-    if torch.version.hip is not None:
+    plat = platform.current()
+    if plat.is_hip:
         return "HIP: the Gluon kernels are NVIDIA sm_90 only"
-    cap = torch.cuda.get_device_capability(device)
-    if cap != (9, 0):
-        return f"compute capability {cap}: sm_90 only (wgmma)"
+    if plat.interpret:
+        return "Triton's interpreter runs the portable kernels only"
+    if plat.cuda_capability != (9, 0):
+        return f"compute capability {plat.cuda_capability} ({plat.arch}): sm_90 only (wgmma)"
     return None
 
 

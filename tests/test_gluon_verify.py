@@ -24,6 +24,7 @@ from mla_ops.decode_verify import gluon_launch as gla
 from mla_ops.decode_verify import kernels  # noqa: F401
 from mla_ops.decode_verify import launch
 from mla_ops.host import cache_bounds
+from mla_ops.platform import mock_platform
 from mla_ops.reference import decode_verify_ref
 
 from gluon_offline import compile_sm90a, ptxas_facts, run_in_subprocess, tensordesc
@@ -169,6 +170,32 @@ def test_offline_compile_sm90a(variant, offline_reports):
     assert cfg["CONSUMER_REGS"] in r["setmaxnreg"] and cfg["PRODUCER_REGS"] in r["setmaxnreg"], r
     assert 2 * cfg["CONSUMER_REGS"] + cfg["PRODUCER_REGS"] <= 3 * (65536 // 384 // 8 * 8), cfg
     assert r["shared"] <= SMEM_LIMIT, r
+
+
+# --- which launches the Gluon family takes (CPU: the GPU is the mocked platform) ------------------
+
+# (mocked arch, page size, the reason contains; None: the family covers the launch)
+ROUTES = [("sm_90", 64, None), ("sm_90", 128, None), ("sm_90", 16, "page_size 16"),
+          ("sm_90", 32, "page_size 32"), ("sm_90", 96, "page_size 96"),
+          ("sm_80", 64, "sm_90 only"), ("sm_100", 64, "sm_90 only"), ("gfx942", 64, "HIP")]
+
+
+@pytest.mark.parametrize("arch,page_size,why", ROUTES,
+                         ids=[f"{a}-p{p}" for a, p, _ in ROUTES])
+def test_gluon_fact_follows_the_platform_and_the_page_size(arch, page_size, why, monkeypatch):
+    """The fact the table routes on, on a mocked GPU (``sm90_reason`` asks
+    ``platform.current()``, so the mock reaches it on any machine): the Gluon stage 1 covers a
+    bf16 launch at 576 / 512 on sm_90 only, and only pages of whole 64-token KV blocks (a block
+    is one TMA box inside one page). The triton-version gate is lifted so that the rules after
+    it are reached whatever triton runs the test."""
+    monkeypatch.setattr(gla, "gluon_available", lambda: None)
+    with mock_platform(arch, interpret=False):
+        got = gla.gluon_unsupported_shape(torch.device("cuda"), torch.bfloat16, torch.bfloat16,
+                                          16, LK, LV, page_size)
+    if why is None:
+        assert got is None
+    else:
+        assert got is not None and why in got, got
 
 
 # --- GPU correctness -----------------------------------------------------------------------------

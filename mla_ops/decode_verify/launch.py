@@ -81,8 +81,8 @@ def _cache_strides(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int]:
 
 def _is_sm90_plus(device: torch.device, plat) -> bool:
     """A CUDA GPU of capability 9.0 or more (TMA, programmatic dependent launch)."""
-    return (plat.is_cuda and not plat.interpret and device.type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return (not plat.interpret and device.type == "cuda"
+            and (plat.cuda_capability or (0, 0)) >= (9, 0))
 
 
 def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
