@@ -89,7 +89,7 @@ def test_gluon_rules_need_the_gluon_fact():
             split = L.head_dim_split(d)
             for causal in (False, True):
                 assert select_prefill_config(d, split, True, causal, gluon=False)["family"] == "triton"
-                # D 64: the portable kernel was faster on the H200 (NOTES v5); every other
+                # D 64: the portable kernel was faster on the H200; every other
                 # verified head dim runs the Gluon kernel where it can.
                 want = "triton" if d == 64 else "gluon"
                 assert select_prefill_config(d, split, True, causal, gluon=True)["family"] == want

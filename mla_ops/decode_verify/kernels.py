@@ -279,7 +279,7 @@ def _stage1_program(
     """Stage 1 for one (row block, request, split) ``pid``: the arguments of
     ``_fwd_verify_stage1`` (documented there). A function of its own so that the non-persistent
     grid runs it without a loop around it: a loop that runs once cost M2 8% on the H200
-    (``PERSISTENT 1`` with one program per work item, benchmarks/NOTES.md v3)."""
+    (``PERSISTENT 1`` with one program per work item)."""
     ROW_BLOCKS: tl.constexpr = (QLEN * NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     # Row blocks vary fastest so the row blocks of one (request, split) run side by side and
     # share its KV tiles through L2.
@@ -453,7 +453,7 @@ def _fwd_verify_stage1(
     Req_to_Token,  # [B, max_pages] int32
     Seq_Lens,  # [B] int32
     Real_Lens,  # [B] int32 (Seq_Lens when HAS_REAL is False)
-    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32 (o when SINGLE)
+    Mid,  # the split workspace [B*qlen, H, num_kv_splits, Lv + 1] fp32 (o when SINGLE)
     O,  # [B*qlen, H, Lv]
     Lse,  # [B*qlen, H] fp32
     stride_req_b,
@@ -528,7 +528,7 @@ def _fwd_verify_stage1(
 @triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits",
                                "kv_capacity", "cp_rank"])
 def _fwd_verify_stage2(
-    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32
+    Mid,  # the split workspace [B*qlen, H, num_kv_splits, Lv + 1] fp32
     O,  # [B*qlen, H, Lv]
     Lse,  # [B*qlen, H] fp32
     Seq_Lens,
