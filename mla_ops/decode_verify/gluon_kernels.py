@@ -66,12 +66,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
-from ..numerics import LN2
 
-from .kernels import _cp_local_len  # plain integer arithmetic: shared with the portable kernel
+from .kernels import _LN2, _cp_local_len  # shared with the portable kernel
 from .splits import split_chunk
 
-_LN2 = gl.constexpr(LN2)
 _BM = gl.constexpr(64)  # rows per CTA: one wgmma M
 _DT = gl.constexpr(64)  # columns per shared tile: 128 B of 16-bit values, one swizzle row
 
@@ -373,7 +371,7 @@ def _verify_stage1_ws(
     Req_to_Token,  # [B, max_pages] int32
     Seq_Lens,  # [B] int32
     Real_Lens,  # [B] int32 (Seq_Lens when there are no real lengths)
-    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32 (unused when SINGLE)
+    Mid,  # the split workspace [B*qlen, H, num_kv_splits, Lv + 1] fp32 (unused when SINGLE)
     O,  # [B*qlen, H, Lv] (written when SINGLE)
     Lse,  # [B*qlen, H] fp32 (written when SINGLE)
     K_Scale,  # [] fp32

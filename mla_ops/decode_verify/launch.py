@@ -23,7 +23,8 @@ except ImportError:
 from .. import checked, platform, spec
 from ..fastpath import launch, persistent, recorded
 from ..gluon_support import select_family
-from ..host import cache_bounds, cdiv, device_guard, next_power_of_2, public_launcher
+from ..host import (cache_bounds, cache_geometry, cdiv, device_guard, next_power_of_2,
+                    public_launcher)
 from ..numerics import FP8_DTYPES, exp2_scale
 from . import kernels
 from .configs import HIP_LAUNCH_KEYS, select_verify_config, verify_facts
@@ -71,14 +72,6 @@ def _storage_view(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return torch.as_strided(t, shape, strides, 0)
 
 
-def _cache_strides(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int]:
-    """(page stride, token stride) in elements of a 4-D ``[pages, page_size, 1, Lk]`` or 3-D
-    ``[pages * page_size, 1, Lk]`` cache."""
-    if k_buffer.dim() == 4:
-        return k_buffer.stride(0), k_buffer.stride(1)
-    return k_buffer.stride(0) * page_size, k_buffer.stride(0)
-
-
 def _is_sm90_plus(device: torch.device, plat) -> bool:
     """A CUDA GPU of capability 9.0 or more (TMA, programmatic dependent launch)."""
     return (not plat.interpret and device.type == "cuda"
@@ -97,8 +90,8 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
     and 16-byte aligned base and strides.
     """
     if not cfg["TMA"] or TensorDescriptor is None or k_buffer.dtype in FP8_DTYPES:
-        # fp8: measured 2.3x slower through TMA on the H200 (M4; benchmarks/NOTES.md v3): the
-        # tile is converted from shared memory in registers either way.
+        # fp8: measured 2.3x slower through TMA on the H200 (M4): the tile is converted from
+        # shared memory in registers either way.
         return None, None
     if not plat.interpret and not _is_sm90_plus(k_buffer.device, plat):
         return None, None
@@ -107,11 +100,10 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
     dpe = Lk - Lv
     if page_size % block_n or cfg["SPLIT_ALIGN"] % block_n or dpe == 0:
         return None, None
-    stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
+    num_pages, stride_kpage, stride_ktok = cache_geometry(k_buffer, page_size)
     esize = k_buffer.element_size()
     if k_buffer.data_ptr() % 16 or (stride_kpage * esize) % 16 or (stride_ktok * esize) % 16:
         return None, None
-    num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
     if num_pages == 0:  # nothing to describe (and no key is read: see host.cache_bounds)
         return None, None
     shape = [num_pages, page_size, Lk]
@@ -231,7 +223,7 @@ def decode_attention_fwd_verify(
                 cp_world, cp_rank, cp_interleave)
 
 
-def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen, attn_logits,
+def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen, workspace,
             num_kv_splits, sm_scale, page_size, k_scale, Lk, Lv, cp_world, cp_rank,
             cp_interleave):
     """Stage 1, then (several splits) stage 2, of a checked call under its device."""
@@ -240,9 +232,9 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     single = num_kv_splits == 1
     if single:
         # Stage 1 writes o / lse directly; o only stands in for the workspace pointer.
-        mid, mid_strides = o, (0, 0, 0)
+        ws_arg, ws_strides = o, (0, 0, 0)
     else:
-        mid, mid_strides = attn_logits, attn_logits.stride()[:3]
+        ws_arg, ws_strides = workspace, workspace.stride()[:3]
     if k_buffer.dtype not in FP8_DTYPES or k_scale is None:
         k_scale = _unit_scale(q.device)
     has_real = real_seq_lens is not None
@@ -255,14 +247,14 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     num_pages, kv_capacity = cache_bounds(k_buffer, req_to_token, page_size)
     if cfg["family"] == "gluon":
         launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
-                                   o, lse, attn_logits, qlen, num_kv_splits, sm_scale, page_size,
+                                   o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size,
                                    Lv, cfg, cp_world, cp_rank, cp_interleave)
         if not single:
-            _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides,
+            _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides,
                            qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, False, kv_capacity,
                            **cp)
         return
-    stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
+    _, stride_kpage, stride_ktok = cache_geometry(k_buffer, page_size)
     launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if plat.is_hip:
         launch_kw.update({k: cfg[k] for k in HIP_LAUNCH_KEYS if k in cfg})
@@ -277,9 +269,9 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     persistent = cfg["PERSISTENT"] > 0
     grid = (min(programs, cfg["PERSISTENT"] * plat.sm_count) if persistent else programs,)
     launch(kernels._fwd_verify_stage1, grid,
-        q, k_buffer, k_desc, kpe_desc, exp2_scale(sm_scale), req_to_token, seq_lens, real, mid, o, lse,
+        q, k_buffer, k_desc, kpe_desc, exp2_scale(sm_scale), req_to_token, seq_lens, real, ws_arg, o, lse,
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
-        *mid_strides,
+        *ws_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
         k_scale, batch, num_kv_splits, num_pages, kv_capacity, cp_rank_arg,
         QLEN=qlen,
@@ -305,11 +297,11 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     )
     if single:
         return
-    _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
+    _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides, qlen,
                    num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity, **cp)
 
 
-def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
+def _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides, qlen,
                    num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity,
                    CP_WORLD=1, CP_INTERLEAVE=1):
     """The split merge (portable Triton), with the chunking of the config stage 1 ran and the
@@ -318,8 +310,8 @@ def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strid
     if cfg["S2_BLOCK_DV"]:
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
     launch(kernels._fwd_verify_stage2, (o.shape[0], num_heads, cdiv(Lv, block_dv)),
-        attn_logits, o, lse, seq_lens, real,
-        *mid_strides,
+        workspace, o, lse, seq_lens, real,
+        *ws_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
         num_kv_splits, kv_capacity, cp_rank_arg,
         QLEN=qlen,
