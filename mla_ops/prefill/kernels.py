@@ -35,6 +35,25 @@ _NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
+def _clamp_sequence(seq_start, seq_len, total_tokens):
+    """A sequence's int64 ``(start, length)`` clamped into the packed tokens
+    ``[0, total_tokens)``: ``(start int64, length int32, marked)``, ``marked`` where it was not
+    inside them (its rows get o = NaN). Plain integer arithmetic: the Gluon kernel calls it too."""
+    seq_end = seq_start + seq_len  # int64: start + len may pass int32
+    marked = (seq_start < 0) | (seq_len < 0) | (seq_end > total_tokens)
+    start = tl.minimum(tl.maximum(seq_start, 0), total_tokens)
+    length = (tl.minimum(tl.maximum(seq_end, start), total_tokens) - start).to(tl.int32)
+    return start, length, marked
+
+
+@triton.jit
+def _sequence(B_Start_Loc, B_Seq_Len, batch, total_tokens):
+    """:func:`_clamp_sequence` of sequence ``batch`` as the metadata holds it."""
+    return _clamp_sequence(tl.load(B_Start_Loc + batch).to(tl.int64),
+                           tl.load(B_Seq_Len + batch).to(tl.int64), total_tokens)
+
+
+@triton.jit
 def _attn_block(
     acc, acc_t, m_i, l_i,
     q, q_t,
@@ -176,13 +195,9 @@ def context_attention_kernel(
         # the last wave is made of short programs.
         pid_m = tl.num_programs(0) - 1 - pid_m
 
-    # The sequence clamped into the packed tokens (int64: start + len may pass int32); marked
-    # (o = NaN) if it was not inside them.
-    seq_start = tl.load(B_Start_Loc + cur_batch).to(tl.int64)
-    seq_len = tl.load(B_Seq_Len + cur_batch).to(tl.int64)
-    seq_end = seq_start + seq_len
-    seq_start = tl.minimum(tl.maximum(seq_start, 0), total_tokens)
-    seq_len = (tl.minimum(tl.maximum(seq_end, seq_start), total_tokens) - seq_start).to(tl.int32)
+    # The sequence clamped into the packed tokens; whether it is marked (o = NaN) is read again
+    # in the epilogue.
+    seq_start, seq_len, _ = _sequence(B_Start_Loc, B_Seq_Len, cur_batch, total_tokens)
     m_start = pid_m * BLOCK_M
     if m_start >= seq_len:
         return
@@ -306,32 +321,27 @@ def context_attention_kernel(
     mid_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo), hi_blk)
     mid_hi = tl.minimum(tl.maximum((full_hi // BLOCK_N) * BLOCK_N, mid_lo), hi_blk)
 
-    acc, acc_t, m_i, l_i = _attn_block(
-        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
-        offs_m, offs_n, seq_len,
-        lo, mid_lo, qk_scale, window_q, window_k, stride_kt, stride_vt,
-        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
-    acc, acc_t, m_i, l_i = _attn_block(
-        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
-        offs_m, offs_n, seq_len,
-        mid_lo, mid_hi, qk_scale, window_q, window_k, stride_kt, stride_vt,
-        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-        False, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
-    acc, acc_t, m_i, l_i = _attn_block(
-        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
-        offs_m, offs_n, seq_len,
-        mid_hi, hi_blk, qk_scale, window_q, window_k, stride_kt, stride_vt,
-        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
+    # Three ranges in order, unrolled at compile time: [lo, mid_lo) masked, the interior
+    # [mid_lo, mid_hi) without masks, [mid_hi, hi_blk) masked.
+    for part in tl.static_range(3):
+        if part == 0:
+            start_n, end_n = lo, mid_lo
+        elif part == 1:
+            start_n, end_n = mid_lo, mid_hi
+        else:
+            start_n, end_n = mid_hi, hi_blk
+        acc, acc_t, m_i, l_i = _attn_block(
+            acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
+            offs_m, offs_n, seq_len,
+            start_n, end_n, qk_scale, window_q, window_k, stride_kt, stride_vt,
+            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
+            part != 1, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
 
     # --- epilogue: every real row saw at least its own key (or the sink), so l_i > 0 there.
     inv_l = 1.0 / tl.where(m_ok, l_i, 1.0)  # [BLOCK_M]; rows past the sequence are not stored
     # A marked sequence (its metadata read again here rather than held in a register across
     # the main loop: at D 96 that spilled), and rows from max_input_len on: NaN.
-    raw_start = tl.load(B_Start_Loc + cur_batch).to(tl.int64)
-    raw_len = tl.load(B_Seq_Len + cur_batch).to(tl.int64)
-    marked = (raw_start < 0) | (raw_len < 0) | (raw_start + raw_len > total_tokens)
+    _, _, marked = _sequence(B_Start_Loc, B_Seq_Len, cur_batch, total_tokens)
     inv_l = tl.where(marked | (offs_m >= max_input_len), float("nan"), inv_l)
     p_o = O + off_oh + row_o[:, None] + offs_d[None, :]  # [BLOCK_M, BLOCK_D]
     tl.store(p_o, (acc * inv_l[:, None]).to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
