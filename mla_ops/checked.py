@@ -27,6 +27,8 @@ from typing import Iterator
 
 import torch
 
+from .host import cache_geometry
+
 __all__ = ["ENV", "enabled", "checked_mode", "set_checked_mode",
            "validate_decode_verify", "validate_context_attention", "validate_merge_attn_states",
            "validate_rescale_attn_partial", "local_length"]
@@ -126,7 +128,7 @@ def validate_decode_verify(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens
         raise ValueError(
             f"seq_lens: request {bad[0]} has {what} {int(lens[bad])}, more than its block table "
             f"holds ({req_to_token.shape[1]} pages of {page_size} = {capacity} tokens)")
-    num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
+    num_pages = cache_geometry(k_buffer, page_size)[0]
     table = req_to_token[:batch].long()
     slot = torch.arange(table.shape[1], device=table.device)
     touched = slot[None, :] < (local[:, None] + page_size - 1) // page_size

@@ -38,6 +38,13 @@ class Platform:
     def has_gpu(self) -> bool:
         return self.is_cuda or self.is_hip
 
+    @property
+    def cuda_capability(self) -> tuple[int, int] | None:
+        """``(major, minor)`` of a CUDA GPU (``"sm_90"``: ``(9, 0)``), None for any other."""
+        if not self.is_cuda or not self.arch.startswith("sm_"):
+            return None
+        return divmod(int(self.arch[3:]), 10)
+
 
 def interpreter_enabled() -> bool:
     """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""

@@ -45,6 +45,9 @@ sum NaN, which it turns into NaN rows explicitly (its ``has_key`` test would rea
 import triton
 import triton.language as tl
 
+from ..numerics import LN2
+from .splits import split_chunk
+
 try:  # programmatic dependent launch (triton >= 3.4); the launcher only asks for it when present
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -53,7 +56,7 @@ except ImportError:
     gdc_launch_dependents = gdc_wait = None
     HAS_PDL = False
 
-_LN2 = tl.constexpr(0.6931471805599453)
+_LN2 = tl.constexpr(LN2)
 
 
 @triton.jit
@@ -277,7 +280,7 @@ def _stage1_program(
     """Stage 1 for one (row block, request, split) ``pid``: the arguments of
     ``_fwd_verify_stage1`` (documented there). A function of its own so that the non-persistent
     grid runs it without a loop around it: a loop that runs once cost M2 8% on the H200
-    (``PERSISTENT 1`` with one program per work item, benchmarks/NOTES.md v3)."""
+    (``PERSISTENT 1`` with one program per work item)."""
     ROW_BLOCKS: tl.constexpr = (QLEN * NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     # Row blocks vary fastest so the row blocks of one (request, split) run side by side and
     # share its KV tiles through L2.
@@ -315,8 +318,7 @@ def _stage1_program(
     max_lim = tl.max(row_lim, axis=0)
 
     # Split s of request b covers [s * chunk, min((s + 1) * chunk, L)).
-    chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
-    chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    chunk = split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
     split_start = pid_s * chunk
     split_end = tl.minimum(split_start + chunk, seq_len)
     kv_end = tl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
@@ -457,7 +459,7 @@ def _fwd_verify_stage1(
     Req_to_Token,  # [B, max_pages] int32
     Seq_Lens,  # [B] int32
     Real_Lens,  # [B] int32 (Seq_Lens when HAS_REAL is False)
-    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32 (o when SINGLE)
+    Mid,  # the split workspace [B*qlen, H, num_kv_splits, Lv + 1] fp32 (o when SINGLE)
     O,  # [B*qlen, H, Lv]
     Lse,  # [B*qlen, H] fp32
     stride_req_b,
@@ -532,7 +534,7 @@ def _fwd_verify_stage1(
 @triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits",
                                "kv_capacity", "cp_rank"])
 def _fwd_verify_stage2(
-    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32
+    Mid,  # the split workspace [B*qlen, H, num_kv_splits, Lv + 1] fp32
     O,  # [B*qlen, H, Lv]
     Lse,  # [B*qlen, H] fp32
     Seq_Lens,
@@ -584,8 +586,7 @@ def _fwd_verify_stage2(
     seq_len = tl.minimum(seq_len, kv_capacity)
     # Same chunking as stage 1; the row's splits are those starting below its limit, the
     # request's those starting below its last row's.
-    chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
-    chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    chunk = split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
     n_splits = tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
     n_req = tl.minimum(tl.cdiv(req_lim, chunk), num_kv_splits)
 

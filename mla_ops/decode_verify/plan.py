@@ -2,8 +2,8 @@
 
 A :class:`VerifyPlan` fixes, for one batch bucket (the batch size a CUDA graph is captured
 for), everything the positional API leaves to the caller: the launch config the table selects,
-the split cap (from that config's own ``BLOCK_H`` and ``SPLIT_WORK``, not the seed's
-defaults), the workspace (owned by the plan), and the SM count it planned for. ``run`` takes
+the split cap (from that config's own ``BLOCK_H`` and ``SPLIT_WORK``), the split workspace
+(owned by the plan), and the SM count it planned for. ``run`` takes
 the per-step tensors with the metadata keyword-only (``seq_lens`` and ``real_seq_lens`` cannot
 be swapped), checks the call against the plan — another batch bucket, cache dtype, head count
 or page size is a clear error — and calls ``torch.ops.mla.decode_verify``, so a compiled model
@@ -31,7 +31,8 @@ import torch
 
 from .. import platform
 from ..checked import local_length
-from .launch import launch_config, verify_num_kv_splits, warmup_decode_attention_fwd_verify
+from .launch import launch_config, warmup_decode_attention_fwd_verify
+from .splits import verify_num_kv_splits
 
 __all__ = ["VerifyPlan", "plan_verify"]
 
