@@ -77,9 +77,10 @@ class BuildC(build_ext):
         if not os.path.exists(inc) or open(inc).read() != text:  # a changed spec rebuilds _C
             with open(inc, "w") as f:
                 f.write(text)
-        ext = CppExtension(EXT_NAME, ["csrc_meta/mla_meta.cpp"], include_dirs=[generated],
+        ext = CppExtension(EXT_NAME, ["csrc_meta/mla_meta.cpp", "csrc_meta/mla_replay.cpp"],
+                           include_dirs=[generated],
                            depends=[inc],
-                           # Shape checks only: optimisation buys nothing and costs build time.
+                           # Shape checks and the replay's key and memcpy: -O1 is enough.
                            extra_compile_args={"cxx": ["-O1", "-g0", "-std=c++17"]})
         # The real extension replaces the placeholder for the builder, which takes this
         # command's options (build dirs, --inplace / editable mode).

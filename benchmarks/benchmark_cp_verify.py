@@ -20,7 +20,7 @@ Run it on the GPUs (self-spawns one process per GPU when not started by torchrun
     PYTHONPATH=. timeout 300 torchrun --nproc-per-node 2 benchmarks/benchmark_cp_verify.py \\
         --quick --json $OUT/cp.json
     PYTHONPATH=. torchrun --nproc-per-node 2 benchmarks/benchmark_cp_verify.py --check \\
-        --json benchmarks/results/h200/cp_verify.json          # the full grid
+        --json $OUT/cp_verify.json          # the full grid
     PYTHONPATH=. python benchmarks/benchmark_cp_verify.py --heads 128 --qlen 4 --batch 32 \\
         --seq-len 1048576 --method rs a2a ar
 
@@ -60,6 +60,7 @@ from benchmarks import harness  # noqa: E402
 from benchmarks.shapes import DEFAULT_PAGE_SIZE as PAGE  # noqa: E402
 from benchmarks.shapes import DEFAULT_SM_SCALE as SM_SCALE  # noqa: E402
 from benchmarks.shapes import LK, LV  # noqa: E402
+from benchmarks.shapes import Case as Shape  # noqa: E402
 
 FULL_GRID = dict(heads=[16, 128], qlen=[2, 4], batch=[1, 8, 32],
                  seq_len=[131072, 524288, 1048576])
@@ -67,12 +68,11 @@ QUICK_GRID = [(16, 2, 1, 131072), (16, 2, 8, 131072), (128, 4, 8, 131072)]
 CPU_GRID = [(16, 2, 2, 300), (4, 4, 3, 130)]
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    H: int
-    qlen: int
-    B: int
-    L: int
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Case(Shape):
+    """A decode-verify shape on a context-parallel step: the cache sharded in round-robin
+    blocks of ``interleave`` tokens, the partials merged by ``method``."""
+
     interleave: int
     method: str
 
@@ -154,7 +154,7 @@ def resolve_cases(a: argparse.Namespace) -> list[Case]:
         shapes = QUICK_GRID
     else:
         shapes = list(itertools.product(*FULL_GRID.values()))
-    return [Case(h, q, b, L, i, m) for (h, q, b, L), i, m in
+    return [Case(h, q, b, L, interleave=i, method=m) for (h, q, b, L), i, m in
             itertools.product(shapes, a.interleave, a.method)]
 
 
@@ -271,11 +271,8 @@ def run_case(case: Case, a: argparse.Namespace, dev, kernel: str) -> dict:
     from benchmarks.decode import compare
     from mla_ops import platform
     from mla_ops.context_parallel import CPVerify
-    from mla_ops.decode_verify.launch import (
-        decode_attention_fwd_verify,
-        select_verify_config,
-        verify_num_kv_splits,
-    )
+    from mla_ops.decode_verify.launch import decode_attention_fwd_verify, select_verify_config
+    from mla_ops.decode_verify.splits import verify_num_kv_splits
 
     world, rank = dist.get_world_size(), dist.get_rank()
     gen = torch.Generator(device=dev).manual_seed(a.seed)

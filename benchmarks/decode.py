@@ -105,11 +105,8 @@ class Api:
 
 def load_api() -> Api:
     from mla_ops import platform
-    from mla_ops.decode_verify.launch import (
-        decode_attention_fwd_verify,
-        select_verify_config,
-        verify_num_kv_splits,
-    )
+    from mla_ops.decode_verify.launch import decode_attention_fwd_verify, select_verify_config
+    from mla_ops.decode_verify.splits import verify_num_kv_splits
     from mla_ops.reference import decode_verify_ref
 
     return Api(decode_attention_fwd_verify, select_verify_config, verify_num_kv_splits,

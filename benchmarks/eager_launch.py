@@ -2,10 +2,10 @@
 """What an eager call costs: per op, shape and entry point, the host time to enqueue one call
 (``enqueue``), the time per call until the GPU is done (``wall``, ``calls`` back-to-back calls
 without a sync inside, then one), and the same call replayed from a CUDA graph (``graph``: the
-kernels alone). Each mla_ops entry is timed twice: replayed (``mla_ops.fastpath``, the
-default) and through the full Python path (``MLA_OPS_TRITON_DISPATCH=1``: checks, tables,
-Triton's JIT dispatch on every call); a replay's output is checked bitwise against the full
-path's. Anchors in the same process: FlashMLA where ``flash_mla`` imports (decode), SDPA cuDNN
+kernels alone). Each mla_ops entry is timed on every launch path (``mla_ops.fastpath``): the
+C++ replays (``mla_ops._C``, the default where it is loaded), the Python replays, and the full
+Python path (``MLA_OPS_TRITON_DISPATCH=1``: checks, tables, Triton's JIT dispatch on every
+call); the default path's output is checked bitwise against the full path's. Anchors in the same process: FlashMLA where ``flash_mla`` imports (decode), SDPA cuDNN
 and flash (encoder). Entries are interleaved over ``--rounds``; medians.
 
     PYTHONPATH=. python benchmarks/eager_launch.py --json $OUT/eager_launch.json
@@ -43,13 +43,36 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _full_path(on: bool):
+PATHS = ("cpp", "python", "full")  # C++ replays, Python replays, the full Python path
+
+
+def _paths() -> tuple[str, ...]:
     from mla_ops import fastpath
 
-    if on:
+    return PATHS if fastpath._cpp_route[0] else ("python", "full")
+
+
+def _use_path(path: str) -> None:
+    """Make eager calls take ``path``: the C++ replays (mla_ops._C, the default where it is
+    loaded), the Python replays (mla_ops.fastpath without _C), or the full Python path
+    (MLA_OPS_TRITON_DISPATCH=1)."""
+    from mla_ops import fastpath
+
+    if path == "full":
         os.environ[fastpath.ENV_OFF] = "1"
     else:
         os.environ.pop(fastpath.ENV_OFF, None)
+    cpp = fastpath._cpp()
+    if cpp is not None and fastpath._static_reason() is None:
+        fastpath._cpp_route[0] = path == "cpp"
+        if path == "cpp":
+            fastpath.sync()
+        else:
+            cpp.set_state(False, ())
+
+
+def _full_path(on: bool):
+    _use_path("full" if on else _paths()[0])
 
 
 def time_eager(fn: Callable[[], None], calls: int) -> tuple[float, float]:
@@ -118,21 +141,23 @@ def measure(op: str, shape: str, entries: dict, outputs: Callable, args) -> list
     import torch
 
     timers, rows = {}, {}
+    paths = _paths()
     for entry, (fn, ours) in entries.items():
-        for full in ((False, True) if ours else (False,)):
-            label = f"{entry} (full path)" if full else entry
+        for path in (paths if ours else (None,)):
+            label = entry if path in (None, paths[0]) else f"{entry} ({path} path)"
 
-            def timer(fn=fn, full=full):
-                _full_path(full)
+            def timer(fn=fn, path=path):
+                if path is not None:
+                    _use_path(path)
                 try:
                     fn()
                     return time_eager(fn, args.calls)
                 finally:
-                    _full_path(False)
+                    _use_path(paths[0])
 
             timers[label] = timer
             rows[label] = {"op": op, "shape": shape, "entry": entry,
-                           "path": ("full" if full else "replay") if ours else "anchor"}
+                           "path": path if ours else "anchor"}
     # Bitwise: a replay runs the kernels the full path runs.
     for entry, (fn, ours) in entries.items():
         if ours:
@@ -151,11 +176,12 @@ def measure(op: str, shape: str, entries: dict, outputs: Callable, args) -> list
         enq = [t[0] for t in times[label]]
         wall = [t[1] for t in times[label]]
         fn = entries[row["entry"]][0]
-        _full_path(row["path"] == "full")
+        if row["path"] != "anchor":
+            _use_path(row["path"])
         try:
             graph = harness.time_cuda_graph(fn, replays=100, prequeue_cycles=harness.PREQUEUE_CYCLES)
         finally:
-            _full_path(False)
+            _use_path(paths[0])
         row.update(label=label, enqueue_us=statistics.median(enq), wall_us=statistics.median(wall),
                    graph_us=graph, enqueue_rounds_us=enq, wall_rounds_us=wall)
         out.append(row)
@@ -180,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mla_ops import fastpath
 
     env = results.env_info()
-    cli.banner("eager launch costs", env, f"; replays: {fastpath.status() or 'on'}")
+    env["launch_path"] = fastpath.path()
+    cli.banner("eager launch costs", env, f"; {env['launch_path']}")
     rows = []
     with torch.inference_mode():
         for name in args.decode:

@@ -10,6 +10,9 @@
 #                                           # orders (SEEDS, default "11 22"), python3 -m mla_ops
 #   bash benchmarks/h200_session.sh eager   # FlashMLA built from .flashmla/ when present
 #                                           # (../shared/flashmla's kit), then eager_launch.py
+#   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
+#                                           # tree in one process, decode grid + encoder, with
+#                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
 # Env: MLA_OPS_COMMIT=<hash> (the copy on the device has no .git: the JSON's env.commit),
 # SWEEP_BUDGET (s, default 210), RESUME=<sweep log> (keep its measurements), SUITE_TIMEOUT (s).
 # Carry .whl (expecttest) for the test suite.
@@ -75,6 +78,13 @@ towers() {
     --json "$OUT/vit_towers_e2e.json" 2>&1 | tail -6
 }
 
+abtree() {
+  base=${AB_BASE:-.ab_base}
+  [ -f "$base/mla_ops/__init__.py" ] || { echo "no $base/mla_ops: carry it (run tool: carry)"; return 2; }
+  timeout 480 python3 benchmarks/ab_tree.py --base-tree "$base" --same \
+    --json "$OUT/ab_tree.json" 2>&1 | tail -80
+}
+
 case "${1:-test}" in
 test) test_ ;;
 bench) bench ;;
@@ -82,5 +92,6 @@ tune) tune ;;
 towers) towers ;;
 suite) suite ;;
 eager) eager ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager" >&2; exit 2 ;;
+abtree) abtree ;;
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|abtree" >&2; exit 2 ;;
 esac

@@ -31,6 +31,13 @@ def time_cuda_graph(fn: Callable[[], None], replays: int = 200, warmup: int = 3,
     latency, the way a layer runs inside a model's graph. For microsecond-scale calls (a
     latency-bound decode step) that latency is otherwise part of the figure.
     """
+    graph = capture_graph(fn, warmup)
+    return time_replays(graph.replay, replays, prequeue_cycles)
+
+
+def capture_graph(fn: Callable[[], None], warmup: int = 3) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of one ``fn()``, after ``warmup`` eager calls on a side stream, replayed
+    three times (and synchronized) before it is returned."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -43,7 +50,7 @@ def time_cuda_graph(fn: Callable[[], None], replays: int = 200, warmup: int = 3,
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    return time_replays(graph.replay, replays, prequeue_cycles)
+    return graph
 
 
 def time_replays(replay: Callable[[], None], replays: int, prequeue_cycles: int = 0,

@@ -30,7 +30,7 @@ SDPA_BACKENDS = ("default", "flash", "efficient", "cudnn")
 # why, where that kernel cannot run the shape).
 MLA_BACKENDS = ("mla", "mla-triton", "mla-gluon")
 BACKENDS = MLA_BACKENDS + tuple(f"sdpa-{b}" for b in SDPA_BACKENDS)
-# Causal rows of the encoder benchmark (issue 15): name -> (batch, seq, heads, head_dim).
+# Causal rows of the encoder benchmark: name -> (batch, seq, heads, head_dim).
 PREFILL_CAUSAL_SHAPES = {"C7": (4, 4096, 16, 72), "C8": (4, 4096, 16, 80)}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

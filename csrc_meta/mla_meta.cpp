@@ -1,5 +1,6 @@
-// The C++ side of the torch.ops.mla library: schemas, Meta kernels, and the two
-// device-independent kernels every mutating op needs (Autograd, ADInplaceOrView).
+// The C++ side of the torch.ops.mla library: schemas, Meta kernels, the two
+// device-independent kernels every mutating op needs (Autograd, ADInplaceOrView), and the
+// BackendSelect kernel that replays recorded launches (mla_replay.cpp).
 //
 // A process that loads only this library (a C++ runtime, a torch.export program being loaded)
 // knows the ops' schemas and checks their arguments with the same errors as the Python package.
@@ -25,6 +26,11 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace mla_replay {
+PyMethodDef* module_methods();
+void register_backend_select(torch::Library& m, const std::vector<std::string>& names);
+}  // namespace mla_replay
 
 namespace mla_meta {
 namespace {
@@ -216,6 +222,12 @@ void impl_ad_inplace_or_view(torch::Library& m) {
   }
 }
 
+void impl_backend_select(torch::Library& m) {
+  std::vector<std::string> names;
+  for (const auto& op : kOpDefs) names.emplace_back(op.name);
+  mla_replay::register_backend_select(m, names);
+}
+
 // What TORCH_LIBRARY(mla, m) and TORCH_LIBRARY_IMPL(mla, <key>, m) would do, except that a
 // second definition (pure-Python mla_ops imported first, or another copy of this file loaded)
 // is skipped with a warning: the TORCH_LIBRARY macros would throw from a static initializer,
@@ -242,6 +254,7 @@ struct Registrations {
     add(torch::Library::IMPL, c10::DispatchKey::Meta, &impl_meta);
     add(torch::Library::IMPL, c10::DispatchKey::Autograd, &impl_autograd);
     add(torch::Library::IMPL, c10::DispatchKey::ADInplaceOrView, &impl_ad_inplace_or_view);
+    add(torch::Library::IMPL, c10::DispatchKey::BackendSelect, &impl_backend_select);
   }
 };
 
@@ -250,8 +263,10 @@ const Registrations registrations;
 }  // namespace
 }  // namespace mla_meta
 
-// `import mla_ops._C` works too (an empty module); loading the file runs the registrations.
+// `import mla_ops._C`: the replay's switches and records (mla_replay.cpp); loading the file
+// (torch.ops.load_library) runs the registrations.
 extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1,
+                                      mla_replay::module_methods()};
   return PyModule_Create(&module);
 }

@@ -1,4 +1,4 @@
-"""Decode verify through the positional, seed-compatible call.
+"""Decode verify through the positional call (the argument order of ``mla::decode_verify``).
 
 Runs as ``python examples/decode_verify_positional.py``. The caller picks the split cap and owns
 the workspace; ``torch.ops.mla.warmup_decode_verify`` compiles every launch variant first, so

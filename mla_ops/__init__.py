@@ -11,11 +11,10 @@ from .decode_verify.launch import (
     _storage_view,
     decode_attention_fwd_verify,
     select_verify_config,
-    verify_num_kv_splits,
-    verify_row_blocks,
     warmup_decode_attention_fwd_verify,
 )
 from .decode_verify.plan import VerifyPlan, plan_verify
+from .decode_verify.splits import verify_num_kv_splits, verify_row_blocks
 from .prefill.launch import context_attention_fwd
 from .reference import context_attention_ref, decode_verify_ref
 

@@ -215,9 +215,7 @@ def main(argv=None) -> int:
           f"{'' if why is None else ' -> the portable Triton kernels run'}")
     from mla_ops import fastpath
 
-    why_full = fastpath.status() if device == "cuda" else "CPU tensors (no launch to replay)"
-    print("eager launches: " + ("replayed after the first call of each geometry (mla_ops.fastpath)"
-                                if why_full is None else f"the full Python path on every call: {why_full}"))
+    print(f"eager launches: {fastpath.path(device)}")
     unchecked = tuning.unchecked_workarounds()
     if unchecked:
         print(f"compiler workarounds kept on, not yet re-checked on this triton: "

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Iterator
 
 import torch
+
+from .host import cache_geometry
 
 __all__ = ["ENV", "enabled", "checked_mode", "set_checked_mode",
            "validate_decode_verify", "validate_context_attention", "validate_merge_attn_states",
@@ -44,10 +47,18 @@ def enabled() -> bool:
     return _on
 
 
+def _switched() -> None:
+    """The C++ replays skip checked mode's host checks: tell them (mla_ops.fastpath)."""
+    fastpath = sys.modules.get(__package__ + ".fastpath")
+    if fastpath is not None:
+        fastpath.sync()
+
+
 def set_checked_mode(on: bool | None) -> None:
     """Turn checked mode on or off for this process (None: back to ``MLA_OPS_CHECKED``)."""
     global _on
     _on = _from_env() if on is None else bool(on)
+    _switched()
 
 
 @contextlib.contextmanager
@@ -55,10 +66,12 @@ def checked_mode(on: bool = True) -> Iterator[None]:
     """Checked mode on (or off) inside the block."""
     global _on
     saved, _on = _on, bool(on)
+    _switched()
     try:
         yield
     finally:
         _on = saved
+        _switched()
 
 
 def _refuse_capture(op: str, device: torch.device) -> None:
@@ -122,7 +135,7 @@ def validate_decode_verify(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens
         raise ValueError(
             f"seq_lens: request {bad[0]} has {what} {int(lens[bad])}, more than its block table "
             f"holds ({req_to_token.shape[1]} pages of {page_size} = {capacity} tokens)")
-    num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
+    num_pages = cache_geometry(k_buffer, page_size)[0]
     table = req_to_token[:batch].long()
     slot = torch.arange(table.shape[1], device=table.device)
     touched = slot[None, :] < (local[:, None] + page_size - 1) // page_size

@@ -49,11 +49,8 @@ import torch
 import torch.distributed as dist
 
 from . import platform, reference
-from .decode_verify.launch import (
-    decode_attention_fwd_verify,
-    launch_config,
-    verify_num_kv_splits,
-)
+from .decode_verify.launch import decode_attention_fwd_verify, launch_config
+from .decode_verify.splits import verify_num_kv_splits
 from .merge.launch import merge_attn_states, rescale_attn_partial
 
 

@@ -19,15 +19,24 @@ the geometry. Tensors made inside a launcher (a scratch copy) cannot be replayed
 is never recorded and always takes the full path. Data-dependent work is never skipped:
 checked mode (which reads the data) turns replays off.
 
+Where ``mla_ops._C`` is loaded, replays run below Python: the C++ library's BackendSelect
+kernel of each op keys the call and launches the recorded kernels with the CUDA driver
+(``csrc_meta/mla_replay.cpp``); a key it has not seen reaches the op's Python device kernel,
+which records the call here and commits the record to it (:func:`_program` says what a
+launch's parameters are). The public functions then call the op. Without ``_C`` this module
+replays from Python, through Triton's compiled launcher.
+
 Replays run only where they were checked on a GPU (CUDA, :data:`CHECKED_TRITON`), without
 Triton's launch hooks (a profiler's), and not when ``MLA_OPS_TRITON_DISPATCH=1`` asks for the
-full path on every call (an A/B, or a suspicion). :func:`status` says which and why.
+full path on every call (an A/B, or a suspicion), nor in checked mode. :func:`status` says
+which and why, :func:`path` which launch path runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import threading
 from typing import Any, Callable
@@ -36,7 +45,7 @@ import torch
 import triton
 
 __all__ = ["CHECKED_TRITON", "ENV_OFF", "launch", "recorded", "record_of", "status", "clear",
-           "persistent"]
+           "persistent", "path", "sync", "cpp_stats"]
 
 CHECKED_TRITON = ("3.6",)  # the launcher ABI the replay uses was checked on the H200 with these
 ENV_OFF = "MLA_OPS_TRITON_DISPATCH"
@@ -46,15 +55,100 @@ _RECORDS: dict[tuple, "_Record | None"] = {}
 _PERSISTENT: dict[int, torch.Tensor] = {}  # id -> tensor: launcher-owned, never freed
 _local = threading.local()
 _generation = [0]
-_REPLAY_DEVICES = ("cuda",)
-_MISSING = object()  # an argument the call left to its default  # device types replayed (the tests' fake dispatch adds "cpu")
+_REPLAY_DEVICES = ("cuda",)  # device types replayed (the tests' fake dispatch adds "cpu")
+_MISSING = object()  # an argument the call left to its default
 
 
 def clear() -> None:
-    """Forget every recorded call (the launch tables changed: the same geometry may now run
-    another config)."""
+    """Forget every recorded call (the launch tables or the platform changed: the same
+    geometry may now run another config)."""
     _generation[0] += 1
     _RECORDS.clear()
+    selection_changed()
+
+
+def selection_changed() -> None:
+    """The platform or the launch tables changed: the C++ replays forget their records (they
+    keep neither; the Python ones key on the platform and check the tables they came from)."""
+    cpp = _cpp() if _cpp_module else None  # never the first to load the library
+    if cpp is not None:
+        cpp.clear()
+        sync()
+
+
+# --- the C++ replays (mla_ops._C) --------------------------------------------------------------
+
+_cpp_module: list = []  # [module or None], resolved once
+
+
+def _cpp():
+    """``mla_ops._C`` when the C++ library is loaded (it replays), else None."""
+    if not _cpp_module:
+        module = None
+        from . import library
+
+        if library.EXTENSION is not None:
+            import importlib
+
+            try:
+                module = importlib.import_module("mla_ops._C")
+            except ImportError:
+                module = None
+            if module is not None and not hasattr(module, "commit"):
+                module = None  # a library built before the replays existed
+        _cpp_module.append(module)
+    return _cpp_module[0]
+
+
+def _hook_lists() -> tuple:
+    """The lists of Triton's launch hook chains (triton 3.6: ``HookChain.calls``), which the C++
+    replays read on every call."""
+    runtime = _knobs_runtime()
+    lists = tuple(getattr(h, "calls", None) for h in (runtime.launch_enter_hook,
+                                                      runtime.launch_exit_hook))
+    return lists if all(isinstance(x, list) for x in lists) else ()
+
+
+def _cpp_allowed() -> bool:
+    """Whether C++ replays may run now, as far as Python decides (the C++ side also reads
+    ``MLA_OPS_TRITON_DISPATCH`` and the hook lists on every call)."""
+    from . import checked
+
+    return _static_reason() is None and not checked.enabled() and bool(_hook_lists())
+
+
+def sync() -> None:
+    """Tell the C++ replays what changed on the Python side (checked mode switched, the
+    platform or the tables changed). Called by those switches; cheap."""
+    cpp = _cpp()
+    if cpp is not None:
+        cpp.set_state(_cpp_allowed(), _hook_lists() if _static_reason() is None else (),
+                      *_cpp_test_mode)
+
+
+_cpp_test_mode: tuple = ()  # tests: (dry_run, replay_cpu)
+
+
+def cpp_stats() -> dict | None:
+    """The C++ replays' counters (hits, misses, commits, records), or None without them."""
+    cpp = _cpp()
+    return None if cpp is None else cpp.stats()
+
+
+def path(device_type: str = "cuda") -> str:
+    """Which launch path an eager call on ``device_type`` tensors takes, and why."""
+    if device_type != "cuda":
+        return "the full Python path (CPU tensors: no launch to replay)"
+    why = status()
+    if why is not None:
+        return f"the full Python path on every call ({why})"
+    if _cpp() is not None:
+        return ("C++ replays after the first call of each geometry (mla_ops._C: the ops' "
+                "BackendSelect kernel launches the recorded kernels)")
+    from . import library
+
+    return ("Python replays after the first call of each geometry (mla_ops.fastpath; "
+            f"mla_ops._C would replay below Python: {library.EXTENSION_STATUS})")
 
 
 def persistent(t: torch.Tensor) -> torch.Tensor:
@@ -285,8 +379,97 @@ def _encode_tma(ptr: int, meta: dict, shape: list, strides: list, padding: str):
         meta["block_size"], shape, strides, 1 if padding == "nan" else 0)
 
 
+def _scalar(ty: str, value: Any) -> tuple | None:
+    """A constant parameter of Triton type ``ty`` as ``(1, size, bits)`` (the C++ record's
+    form), or None for a type the C++ replay does not pack."""
+    import struct
+
+    if isinstance(value, bool) or isinstance(value, int):
+        size = {"i1": 1, "i8": 1, "u1": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4,
+                "i64": 8, "u64": 8}.get(ty)
+        if size is not None:
+            return (1, size, int(value) & ((1 << (8 * size)) - 1))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if ty in ("fp32", "f32"):
+            return (1, 4, struct.unpack("<I", struct.pack("<f", value))[0])
+        if ty == "fp64":
+            return (1, 8, struct.unpack("<Q", struct.pack("<d", value))[0])
+    return None
+
+
+def _program_launch(ln: "_Launch") -> tuple | None:
+    """One recorded launch in the C++ record's form (``csrc_meta/mla_replay.cpp``,
+    ``parse_launch``): the parameters Triton 3.6's launcher passes to ``cuLaunchKernelEx``,
+    in its order — every non-constexpr argument of the kernel's signature (a host TMA
+    descriptor expanded as the launcher expands it), then the global and profile scratch
+    addresses. None where a launch needs what the C++ replay does not do."""
+    kernel = ln.kernel
+    launcher = kernel.run
+    if getattr(launcher, "profile_scratch_size", 0) or getattr(launcher, "num_ctas", 1) != 1:
+        return None
+    signature = getattr(getattr(kernel, "src", None), "signature", None)
+    function = kernel.function
+    if not isinstance(signature, dict) or not isinstance(function, int) or not function:
+        return None
+    td_meta = getattr(kernel.metadata, "tensordesc_meta", None) or None
+    params: list[tuple] = []
+    descs = 0
+    for slot, ty in zip(ln.slots, signature.values(), strict=True):
+        if not isinstance(ty, str):
+            return None  # a tuple argument
+        if ty == "constexpr":
+            continue
+        kind = slot[0]
+        if ty.startswith("tensordesc"):
+            meta = td_meta[descs] if td_meta else None
+            descs += 1
+            if kind != "desc":
+                return None
+            _, arg, shape, strides, padding = slot
+            if meta is None:
+                params += [(0, arg), *[(1, 8, x) for x in (*shape, *strides)],
+                           (1, 1, int(padding == "nan"))]
+            else:
+                if meta.get("fp4_padded"):
+                    return None
+                from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+                params.append((2, arg, TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                               meta["swizzle"], int(padding == "nan"), meta["elem_size"],
+                               list(meta["block_size"]), list(shape), list(strides)))
+            params += [(1, 4, x) for x in shape] + [(1, 8, x) for x in strides]
+        elif ty.startswith("*"):
+            if kind == "arg":
+                params.append((0, slot[1]))
+            elif kind == "const" and isinstance(slot[1], torch.Tensor):
+                params.append((1, 8, slot[1].data_ptr()))
+            else:
+                return None
+        else:
+            packed = _scalar(ty, slot[1]) if kind == "const" else None
+            if packed is None:
+                return None
+            params.append(packed)
+    params.append((3, launcher.global_scratch_size) if launcher.global_scratch_size
+                  else (1, 8, 0))
+    params.append((1, 8, 0))  # profile scratch: none (refused above)
+    return (function, *ln.grid, 32 * kernel.metadata.num_warps, kernel.metadata.shared,
+            bool(launcher.launch_pdl), bool(launcher.launch_cooperative_grid), params)
+
+
+def _program(record: "_Record") -> list | None:
+    """A record's launches in the C++ record's form, or None (computed once per record)."""
+    if record.program is _MISSING:
+        try:
+            launches = [_program_launch(ln) for ln in record.launches]
+        except Exception:  # another triton's objects: the Python replay serves it
+            launches = [None]
+        record.program = None if any(x is None for x in launches) else launches
+    return record.program
+
+
 class _Record:
-    __slots__ = ("launches", "device", "tables")
+    __slots__ = ("launches", "device", "tables", "program")
 
     def __init__(self, calls, values: tuple, device: torch.device, tables: tuple):
         self.tables = tables  # the launch tables it was selected from (by identity)
@@ -296,6 +479,7 @@ class _Record:
                 names.setdefault(id(v), i)
         self.launches = [_Launch(fn, k, g, a, kw, names) for fn, k, g, a, kw in calls]
         self.device = device
+        self.program = _MISSING
 
     def replay(self, values: tuple) -> None:
         guard, stream = _device_and_stream(self.device)
@@ -352,21 +536,40 @@ def _values(op: str, args: tuple, kwargs: dict) -> tuple:
 
 
 def record_of(op: str, *args, **kwargs) -> "_Record | None":
-    """The record a call with these arguments would replay, or None (tests)."""
+    """The record a call with these arguments would replay, or None (tests): as the public
+    function keys it, or as the op's kernel does (the dispatcher passes the arguments
+    positionally, without the trailing ones that equal their defaults)."""
     from . import platform
 
-    return _RECORDS.get(_key(op, _values(op, args, kwargs), platform.current()))
+    plat = platform.current()
+    record = _RECORDS.get(_key(op, _values(op, args, kwargs), plat))
+    if record is None and "config" not in kwargs:
+        schema = getattr(torch.ops.mla, op).default._schema.arguments
+        full = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
+                for i, a in enumerate(schema)]
+        while full:
+            a, v = schema[len(full) - 1], full[-1]
+            if not a.has_default_value() or isinstance(v, torch.Tensor) or v != a.default_value:
+                break
+            full.pop()
+        record = _RECORDS.get(_key(op, _values(op, tuple(full), {}), plat))
+    return record
 
 
 def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     """Decorate the public launcher of ``mla::<op>`` (positional arguments in the op's order,
     keyword-only knobs after), whose configs come from the launch ``tables`` of these kernels:
-    replay a recorded call of the same geometry, else run and record it (module docstring)."""
+    replay a recorded call of the same geometry, else run and record it (module docstring).
+
+    The decorated function calls the op where the C++ library replays (a ``config=`` aside);
+    its ``op_kernel`` is what the op's CUDA kernel runs: the Python replay or the full path,
+    committing the record to the C++ library when that call came through it."""
     from . import platform, tuning
 
     def wrap(launcher: Callable) -> Callable:
-        @functools.wraps(launcher)
-        def call(*args, **kwargs):
+        names = None
+
+        def python_path(args, kwargs, commit: bool):
             device = _device_of(args)
             if device is None or device.type not in _REPLAY_DEVICES or status() is not None:
                 return launcher(*args, **kwargs)
@@ -384,6 +587,8 @@ def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Call
             if record is not _MISSING and record is not None:
                 if _same_tables(record.tables, in_force):
                     record.replay(values)
+                    if commit:
+                        _commit(op, record)
                     return None
                 record = _MISSING  # a table was reloaded since: select again
             with _recording() as calls:
@@ -392,13 +597,60 @@ def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Call
                 if len(_RECORDS) >= _MAX_RECORDS:
                     _RECORDS.clear()
                 try:
-                    _RECORDS[key] = _Record(calls, values, device, in_force)
+                    record = _RECORDS[key] = _Record(calls, values, device, in_force)
                 except _Unrecordable:
-                    _RECORDS[key] = None  # this geometry always takes the full path
+                    record = _RECORDS[key] = None  # this geometry always takes the full path
+                if commit and record is not None:
+                    _commit(op, record)
             return out
 
+        # The op's kernel gets every schema argument positionally; those the function takes
+        # keyword-only (decode_verify's qo_indptr / tree_mask) go to it by name.
+        positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                         for p in inspect.signature(launcher).parameters.values())
+
+        def op_kernel(*args):
+            if len(args) > positional:
+                from .host import _op_args
+
+                extra = dict(zip(_op_args(op)[positional:], args[positional:]))
+                return python_path(args[:positional], extra, True)
+            return python_path(args, {}, True)
+
+        @functools.wraps(launcher)
+        def call(*args, **kwargs):
+            nonlocal names
+            if _cpp_route[0] and args and type(args[0]) is _Tensor and (args[0].is_cuda or _cpp_route[1]):
+                if names is None:
+                    from .host import _op_args
+
+                    names = frozenset(_op_args(op))
+                if not kwargs or names.issuperset(kwargs):
+                    return getattr(torch.ops.mla, op).default(*args, **kwargs)
+            return python_path(args, kwargs, False)
+
         call.full_path = launcher  # the unrecorded launcher (tests, A/B)
+        call.op_kernel = op_kernel  # the op's CUDA kernel (mla_ops.library)
         return call
 
     return wrap
 
+
+def _commit(op: str, record: "_Record") -> None:
+    cpp = _cpp()
+    program = _program(record) if cpp is not None else None
+    if program is not None:
+        cpp.commit(f"mla::{op}", program)
+
+
+# [public functions call the op on CUDA tensors (the C++ replays), and on CPU tensors too (the
+# tests' dry run)]; set by _init_cpp_route.
+_cpp_route: list = [False, False]
+
+
+def _init_cpp_route() -> None:
+    _cpp_route[0] = _cpp() is not None and _static_reason() is None
+    sync()
+
+
+_init_cpp_route()

@@ -1,10 +1,11 @@
 """What every Gluon (sm_90) kernel family of the package checks on the host, in one place: the
 triton versions the Gluon code builds on and those it was checked on a GPU with, whether its
-API imports, the small compatibility layer over the API's renames, and whether a device is a
-CUDA GPU of compute capability 9.0.
+API imports, the small compatibility layer over the API's renames, whether the GPU is a CUDA
+GPU of compute capability 9.0, and the routing between a kernel's Gluon and portable families
+(:func:`select_family`).
 
 The kernel families (``decode_verify.gluon_launch``, ``prefill.gluon_launch``) add their own
-shape and dtype rules on top and route what they do not cover to the portable kernels.
+shape and dtype rules on top; what they do not cover runs on the portable kernels.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from __future__ import annotations
 import functools
 import importlib
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import triton
 
+from . import platform, tuning
+
 __all__ = ["GLUON_TRITON_VERSIONS", "GLUON_GPU_CHECKED", "gluon_buildable", "gluon_available",
-           "load_kernels", "sm90_reason", "TensorDescriptor", "gl", "tma", "descriptor"]
+           "load_kernels", "sm90_reason", "select_family", "TensorDescriptor", "gl", "tma",
+           "descriptor"]
 
 # The triton versions whose Gluon API the kernels are written for: they build on each (CPU CI
 # compiles every variant for sm_90a on the lowest and the newest, tests/test_gluon_*.py).
@@ -104,15 +108,51 @@ def load_kernels(package: str) -> tuple[ModuleType | None, Callable[[], str | No
 
 
 def sm90_reason(device: torch.device) -> str | None:
-    """None for a CUDA device of compute capability 9.0 (wgmma, TMA, setmaxnreg), else why not."""
+    """None for a CUDA device of compute capability 9.0 (wgmma, TMA, setmaxnreg), else why not.
+
+    The GPU is the one :func:`mla_ops.platform.current` describes (``mock_platform`` in tests);
+    ``device`` says whether the launch's tensors are on it."""
     if device.type != "cuda":
         return "not a CUDA tensor"
-    if torch.version.hip is not None:
+    plat = platform.current()
+    if plat.is_hip:
         return "HIP: the Gluon kernels are NVIDIA sm_90 only"
-    cap = torch.cuda.get_device_capability(device)
-    if cap != (9, 0):
-        return f"compute capability {cap}: sm_90 only (wgmma)"
+    if plat.interpret:
+        return "Triton's interpreter runs the portable kernels only"
+    if plat.cuda_capability != (9, 0):
+        return f"compute capability {plat.cuda_capability} ({plat.arch}): sm_90 only (wgmma)"
     return None
+
+
+def select_family(kernel: str, facts: dict[str, Any], config: dict[str, Any] | None,
+                  unsupported: str | None,
+                  tensors_unsupported: Callable[[dict[str, Any]], str | None] | None = None,
+                  ) -> dict[str, Any]:
+    """The config a launch of ``kernel`` runs, whose ``"family"`` says which kernels run it.
+
+    The table's rule for ``facts`` plus the ``gluon`` fact, with ``config`` laid over it. The
+    fact holds where the Gluon family covers launches of these facts (``unsupported``, the
+    family's reason when it does not, is None), unless ``config`` asks for the portable family
+    or sets a key the Gluon family does not have: then the portable family's own rule is the
+    base. Where the result is the Gluon family, ``tensors_unsupported(cfg)`` (None: not known
+    yet, as for a plan or a warmup) names what only the tensors show, such as a base pointer
+    off 16 bytes: the portable family runs such a launch, and a ``config`` that asked for the
+    Gluon family by name is refused (ValueError), never silently ignored.
+    """
+    gluon = unsupported is None
+    if gluon and config and (config.get("family") == "triton" or "family" not in config and
+                             not set(config) <= set(tuning.KERNELS[kernel].defaults["gluon"])):
+        gluon = False
+    cfg = tuning.select(kernel, {**facts, "gluon": gluon}, config=config)
+    if cfg["family"] != "gluon" or tensors_unsupported is None:
+        return cfg
+    why = tensors_unsupported(cfg)
+    if why is None:
+        return cfg
+    if config and config.get("family") == "gluon":
+        raise ValueError(f"config: the gluon family cannot run this launch: {why}")
+    return tuning.select(kernel, {**facts, "gluon": False},
+                         config={**(config or {}), "family": "triton"})
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,7 +19,8 @@ import torch
 
 from .platform import interpreter_enabled, interpreter_problem
 
-__all__ = ["cdiv", "next_power_of_2", "device_guard", "cache_bounds", "public_launcher"]
+__all__ = ["cdiv", "next_power_of_2", "device_guard", "cache_geometry", "cache_bounds",
+           "public_launcher"]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -39,6 +40,15 @@ def device_guard(device: torch.device):
     return torch.cuda.device(device)
 
 
+def cache_geometry(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int, int]:
+    """``(num_pages, page stride, token stride)``, strides in elements, of a paged cache
+    ``[num_pages, page_size, 1, Lk]`` or ``[num_pages * page_size, 1, Lk]`` (any page stride:
+    a layer's view of a cross-layer cache). Shapes only: no sync."""
+    if k_buffer.dim() == 4:
+        return k_buffer.shape[0], k_buffer.stride(0), k_buffer.stride(1)
+    return k_buffer.shape[0] // page_size, k_buffer.stride(0) * page_size, k_buffer.stride(0)
+
+
 def cache_bounds(k_buffer: torch.Tensor, req_to_token: torch.Tensor, page_size: int
                  ) -> tuple[int, int]:
     """``(num_pages, kv_capacity)`` of a paged cache ``[num_pages, page_size, 1, Lk]`` or
@@ -47,7 +57,7 @@ def cache_bounds(k_buffer: torch.Tensor, req_to_token: torch.Tensor, page_size: 
     capped at int32). An empty cache gives ``(1, 0)``: a capacity of 0 means no key is read
     (every request with one is marked), and the page bound stays one the kernels can compare
     and clamp against. Shapes only: no sync."""
-    num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
+    num_pages = cache_geometry(k_buffer, page_size)[0]
     if num_pages == 0:
         return 1, 0
     return num_pages, min(req_to_token.shape[1] * page_size, 2**31 - 1)

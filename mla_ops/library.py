@@ -44,15 +44,16 @@ EXTENSION_STATUS: str = _ext.status(EXTENSION)
 # --- device kernels -------------------------------------------------------------------------
 
 
-def _lazy(path: str) -> Callable:
-    """The function ``"module:name"`` of this package, imported at its first call: registering
-    the ops must not import triton's kernels."""
+def _lazy(path: str, attribute: str | None = None) -> Callable:
+    """The function ``"module:name"`` of this package (or its ``attribute`` where it has one),
+    imported at its first call: registering the ops must not import triton's kernels."""
     module, name = path.split(":")
     resolved: list[Callable] = []
 
     def kernel(*args):
         if not resolved:
-            resolved.append(getattr(importlib.import_module(module, __package__), name))
+            fn = getattr(importlib.import_module(module, __package__), name)
+            resolved.append(getattr(fn, attribute, fn) if attribute else fn)
         resolved[0](*args)
 
     return kernel
@@ -60,11 +61,13 @@ def _lazy(path: str) -> Callable:
 
 def _kernels(launch: str, reference: Callable) -> dict[str, Callable]:
     """``{dispatch key: kernel}`` of one op (HIP tensors dispatch to the CUDA key): the Triton
-    launcher on CUDA, and on CPU under ``TRITON_INTERPRET=1``; else the plain-PyTorch one."""
-    cuda = _lazy(launch)
+    launcher on CUDA (its ``op_kernel``, which commits what it records to the C++ replays:
+    :mod:`mla_ops.fastpath`), and on CPU under ``TRITON_INTERPRET=1``; else the plain-PyTorch
+    one."""
+    cuda, public = _lazy(launch, "op_kernel"), _lazy(launch)
 
     def cpu(*args):
-        (cuda if interpreter_enabled() else reference)(*args)
+        (public if interpreter_enabled() else reference)(*args)
 
     return {"CPU": cpu, "CUDA": cuda}
 

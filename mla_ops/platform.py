@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import sys
 from typing import Iterator
 
 import torch
@@ -36,6 +37,13 @@ class Platform:
     @property
     def has_gpu(self) -> bool:
         return self.is_cuda or self.is_hip
+
+    @property
+    def cuda_capability(self) -> tuple[int, int] | None:
+        """``(major, minor)`` of a CUDA GPU (``"sm_90"``: ``(9, 0)``), None for any other."""
+        if not self.is_cuda or not self.arch.startswith("sm_"):
+            return None
+        return divmod(int(self.arch[3:]), 10)
 
 
 def interpreter_enabled() -> bool:
@@ -120,7 +128,17 @@ def mock_platform(arch: str, sm_count: int | None = None, is_hip: bool | None = 
         device_name=f"mocked {arch}",
     )
     saved, _override = _override, plat
+    _changed()
     try:
         yield plat
     finally:
         _override = saved
+        _changed()
+
+
+def _changed() -> None:
+    """Recorded launches were selected for the platform in force: forget the C++ replays'
+    (mla_ops.fastpath; the Python replays key on the platform)."""
+    fastpath = sys.modules.get(__package__ + ".fastpath")
+    if fastpath is not None:
+        fastpath.selection_changed()

@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from .numerics import FP8_DTYPES
+
 __all__ = [
     "decode_verify_ref",
     "context_attention_ref",
@@ -24,10 +26,6 @@ __all__ = [
     "decode_verify_op_ref",
     "context_attention_op_ref",
 ]
-
-FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
-                                               "float8_e5m2fnuz") if hasattr(torch, n))
-
 
 def cache_pages(k_buffer: torch.Tensor, page_size: int) -> torch.Tensor:
     """``[num_pages, page_size, Lk]`` view of a 3-D or 4-D latent cache (any page stride)."""

@@ -30,11 +30,13 @@ from typing import Any, Callable
 
 # --- dtype sets (names as torch spells them) -----------------------------------------------
 
+_ACT = ("float16", "bfloat16", "float32")
+_FP8 = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+
 DTYPE_SETS = {
-    "ACT": ("float16", "bfloat16", "float32"),
-    "FP8": ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"),
-    "CACHE": ("float16", "bfloat16", "float32",
-              "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"),
+    "ACT": _ACT,
+    "FP8": _FP8,  # mla_ops.numerics.FP8_DTYPES: these, as this torch's dtypes
+    "CACHE": _ACT + _FP8,
     "INT32": ("int32",),
     "INT64": ("int64",),
     "INDEX": ("int32", "int64"),
@@ -480,8 +482,9 @@ def _py_helpers() -> dict[str, Any]:
 
     import torch
 
-    sets = {k: tuple(getattr(torch, n) for n in v if hasattr(torch, n))
-            for k, v in DTYPE_SETS.items()}
+    from .numerics import torch_dtypes
+
+    sets = {k: torch_dtypes(k) for k in DTYPE_SETS}
     return {
         "_Tensor": torch.Tensor,
         "pow2": lambda n: n > 0 and (int(n) & (int(n) - 1)) == 0,

@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import json
 import pathlib
+import sys
 from typing import Any, Callable, Iterable
 
 from . import platform
@@ -187,9 +188,24 @@ def load_table(kernel: Kernel, path: pathlib.Path) -> dict[str, Any]:
     return tbl
 
 
-@functools.lru_cache(maxsize=None)
 def table(kernel_name: str, arch: str) -> dict[str, Any]:
-    """The table of ``kernel`` for ``arch``: its JSON file, a built-in one, or the default."""
+    """The table of ``kernel`` for ``arch``: its JSON file, a built-in one, or the default.
+    Read once; ``table.cache_clear()`` reads them again (and forgets recorded launches)."""
+    return _table(kernel_name, arch)
+
+
+def _clear_tables() -> None:
+    _table.cache_clear()
+    fastpath = sys.modules.get(__package__ + ".fastpath")
+    if fastpath is not None:
+        fastpath.selection_changed()  # the C++ replays keep no table: they forget what they selected
+
+
+table.cache_clear = _clear_tables
+
+
+@functools.lru_cache(maxsize=None)
+def _table(kernel_name: str, arch: str) -> dict[str, Any]:
     kernel = KERNELS[kernel_name]
     path = kernel.table_dir / f"{arch}.json"
     if path.exists():

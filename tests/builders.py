@@ -67,12 +67,13 @@ import torch
 
 import mla_ops  # noqa: F401  (registers torch.ops.mla)
 from mla_ops.draft_trees import chain_parents, eagle_parents, masks_from_parents, random_parents
-from mla_ops.reference import (FP8_DTYPES, cache_pages, context_attention_ref, decode_verify_ref,
+from mla_ops.numerics import FP8_DTYPES
+from mla_ops.reference import (cache_pages, context_attention_ref, decode_verify_ref,
                                verify_request_rows, verify_visible)
 
 __all__ = ["interpret", "SM_SCALE", "FP8", "K", "FLOOR", "DecodeCase", "decode_case", "EncoderCase",
-           "encoder_case", "lowp_attention", "assert_within", "to_meta", "guarded", "ToleranceError",
-           "chain_tree", "random_ancestor_tree", "eagle_tree", "tree_masks"]
+           "encoder_case", "lowp_attention", "assert_within", "assert_accurate", "to_meta", "guarded",
+           "ToleranceError", "chain_tree", "random_ancestor_tree", "eagle_tree", "tree_masks"]
 
 SM_SCALE = 0.1352  # DeepSeek's MLA scale (1/sqrt(192) * mscale**2)
 FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
@@ -174,6 +175,16 @@ def assert_within(name: str, got, ref, lowp, groups: Sequence[tuple[str, Any]], 
                 f"{k} x {base:.3g} (PyTorch in {str(dtype).replace('torch.', '')}) + "
                 f"{floor:.3g}")
     return out
+
+
+def assert_accurate(name: str, got, ref, lowp, dtype, k: float = K,
+                    floor: float | None = None) -> dict:
+    """The rule of :func:`assert_within` over a whole tensor: ``got`` has no NaN, and where
+    the float64 ``ref`` is finite ``|got - ref| <= k * |lowp - ref| + floor`` (``lowp``: plain
+    PyTorch's result in ``dtype``). The pattern of rows with no key (``-inf``) is the caller's
+    to check."""
+    _assert_no_nan(**{name: got})
+    return assert_within(name, got, ref, lowp, [("all", torch.isfinite(ref))], dtype, k, floor)
 
 
 def _assert_no_nan(**tensors):
@@ -398,7 +409,7 @@ def decode_case(device, *, batch: int, heads: int, qlen: int, lens: Sequence[int
             shows (tests/test_tolerance.py); larger values make it peaky (the running max then
             moves a lot), where a block holding none of the few heavy keys changes the output
             less than bf16 rounding does: no tolerance on the output can see it there. (q of
-            N(0, 1), the seed's inputs, gives 0.1352 * sqrt(576) = 3.2 at Lk = 576.)
+            N(0, 1) gives 0.1352 * sqrt(576) = 3.2 at Lk = 576.)
         k_scale: also for a 16-bit cache, where the kernels ignore it.
         draft_counts: ragged draft counts (each at most ``qlen``): request b has
             ``draft_counts[b]`` rows, given to the op as ``qo_indptr``; q then has their sum

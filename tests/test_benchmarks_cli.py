@@ -42,7 +42,7 @@ from benchmarks import (  # noqa: E402
 from benchmarks import decode_sweep as ds  # noqa: E402
 from mla_ops import platform, tuning  # noqa: E402
 from mla_ops.decode_verify.configs import VERIFY_DEFAULT_CONFIG, select_verify_config  # noqa: E402
-from mla_ops.decode_verify.launch import verify_num_kv_splits  # noqa: E402
+from mla_ops.decode_verify.splits import verify_num_kv_splits  # noqa: E402
 from mla_ops.reference import decode_verify_ref  # noqa: E402
 
 # The anchors' decode table (H200, 2026-11-30): shape -> (H, qlen, B, L, fp8, roofline µs)

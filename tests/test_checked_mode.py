@@ -205,10 +205,10 @@ def test_checked_mode_valid_input_runs(device):
 # No fault, no silent garbage: the request with a bad page index or length gets NaN in every row
 # of o and lse; every other request is right (the tolerance rule, on a case without the bad one).
 
-def _marked_decode(device, dtype=torch.float16):
-    """Three requests of 16 heads (two 16-row blocks each with BLOCK_H 16), pages of 16; request
-    1's last page holds only its last key, which only its last token's rows read."""
-    return decode_case(device, batch=3, heads=16, qlen=2, lens=(5, 33, 70), page=16, Lv=32,
+def _marked_decode(device, dtype=torch.float16, qlen=2):
+    """Three requests of 16 heads (two 16-row blocks each with BLOCK_H 16 at qlen 2), pages of
+    16; request 1's last page holds only its last key, which only its last token's rows read."""
+    return decode_case(device, batch=3, heads=16, qlen=qlen, lens=(5, 33, 70), page=16, Lv=32,
                        rope=16, dtype=dtype, spare_pages=1, poison_past_end=True)
 
 
@@ -259,6 +259,20 @@ def assert_decode_marked(case, o, lse, bad):
 def test_unchecked_decode_marks_out_of_range_metadata(device, bad, change, path):
     _, splits, config = path
     case = _marked_decode(device)
+    args = case.op_args(num_kv_splits=splits)
+    change(args, case)
+    with mla_ops.checked_mode(False):
+        mla_ops.decode_attention_fwd_verify(**args, config=config)
+    assert_decode_marked(case, args["o"], args["lse"], bad)
+
+
+@pytest.mark.parametrize("path", DECODE_OOB_PATHS[3:], ids=[p[0] for p in DECODE_OOB_PATHS[3:]])
+@pytest.mark.parametrize("bad,change", [c[1:] for c in DECODE_OOB], ids=[c[0] for c in DECODE_OOB])
+def test_unchecked_decode_marks_out_of_range_metadata_qlen1(device, bad, change, path):
+    """qlen 1, several splits: stage 1 compiles without the check of the table entries only
+    later rows read (one row block per split reads every entry of it), and still marks."""
+    _, splits, config = path
+    case = _marked_decode(device, qlen=1)
     args = case.op_args(num_kv_splits=splits)
     change(args, case)
     with mla_ops.checked_mode(False):

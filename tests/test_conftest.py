@@ -46,7 +46,10 @@ def test_order_seed_from_option_or_environment(monkeypatch, option, env, want):
 
 
 def test_order_seed_random_and_bad(monkeypatch):
-    monkeypatch.delenv("MLA_OPS_TEST_SEED", raising=False)
+    # set, then removed: monkeypatch restores what was there, also when nothing was (the
+    # random seed is exported for the xdist workers)
+    monkeypatch.setenv("MLA_OPS_TEST_SEED", "0")
+    monkeypatch.delenv("MLA_OPS_TEST_SEED")
     assert isinstance(_order_seed(types.SimpleNamespace(getoption=lambda name: "random")), int)
     with pytest.raises(pytest.UsageError, match="expected an integer or 'random', got 'x'"):
         _order_seed(types.SimpleNamespace(getoption=lambda name: "x"))

@@ -485,6 +485,7 @@ def test_cpp_side_defines_python_side_only_adds_device_kernels():
         schema_line = next(line for line in dump.splitlines() if "debug:" in line)
         assert "mla_meta.cpp" in schema_line, dump  # the schema was def'ed by csrc_meta
         origins = {"Meta": "mla_meta.cpp", "Autograd": "mla_meta.cpp",
+                   "BackendSelect": "mla_meta.cpp",  # the replays (mla_replay.cpp)
                    "CPU": "mla_ops/library.py", "CUDA": "mla_ops/library.py"}
         if name != "warmup_decode_verify":  # mutates nothing: no version to bump
             origins["ADInplaceOrView"] = "mla_meta.cpp"

@@ -1,7 +1,7 @@
 """Which launch config and split cap each architecture picks, asserted on any machine.
 
 ``mock_platform`` pretends to be each GPU, so the tables ``mla_ops.tuning`` holds for the verify
-kernel (sm_90: ``decode_verify/tables/sm_90.json``; gfx942: the seed's MI300X sweeps; every
+kernel (sm_90: ``decode_verify/tables/sm_90.json``; gfx942: the MI300X sweeps' built-in table; every
 other arch: the generic default) are pinned here as expect tables, with the split cap
 ``verify_num_kv_splits`` derives from each selection. A retune is a data change; regenerate
 with ``EXPECTTEST_ACCEPT=1 pytest tests/test_decode_verify_configs.py``. The table format,
@@ -18,8 +18,8 @@ import pytest
 import mla_ops  # noqa: F401
 from mla_ops import tuning
 from mla_ops.decode_verify import configs
-from mla_ops.decode_verify.launch import (reachable_batches, select_verify_config,
-                                          verify_num_kv_splits, verify_row_blocks)
+from mla_ops.decode_verify.launch import reachable_batches, select_verify_config
+from mla_ops.decode_verify.splits import verify_num_kv_splits, verify_row_blocks
 from mla_ops.platform import mock_platform
 
 # (batch, qlen, heads): the ANCHORS.md shapes M1..M7 and the edges of the small buckets.
@@ -139,36 +139,36 @@ L32768-B16-q2-H128 sms=304 BH=64 min=256: 4
 L100-B1-q1-H16 sms=304 BH=32 min=128: 2
 L1-B4-q2-H16 sms=304 BH=32 min=128: 1""")
 
-    def test_num_kv_splits_seed_algorithm(self):
-        # The seed's tile and split length (32 rows, 64 tokens), given explicitly.
-        seed = dict(block_h=32, min_work_per_split=64)
+    def test_num_kv_splits_algorithm(self):
+        # A fixed tile and split length (32 rows, 64 tokens), given explicitly.
+        fixed = dict(block_h=32, min_work_per_split=64)
         # Fits one round: as many splits as fill it, capped by the length's ideal and 2*SMs.
-        self.assertEqual(verify_num_kv_splits(8192, 1, 2, 16, 132, **seed), 128)
-        self.assertEqual(verify_num_kv_splits(100, 1, 2, 16, 132, **seed), 2)
-        self.assertEqual(verify_num_kv_splits(10 ** 6, 1, 2, 16, 100, **seed), 100)
+        self.assertEqual(verify_num_kv_splits(8192, 1, 2, 16, 132, **fixed), 128)
+        self.assertEqual(verify_num_kv_splits(100, 1, 2, 16, 132, **fixed), 2)
+        self.assertEqual(verify_num_kv_splits(10 ** 6, 1, 2, 16, 100, **fixed), 100)
         # More programs than slots: minimise rounds(n)/n, fewer splits within 5%.
         self.assertEqual(verify_num_kv_splits(4096, 128, 4, 16, 132, block_h=64,
                                               min_work_per_split=64), 1)
         # 200 programs on 132 slots: rounds/n is 1.571 at n=7, and n=5 (1.6) is within 5%.
-        self.assertEqual(verify_num_kv_splits(4096, 200, 1, 16, 132, max_splits=8, **seed), 5)
+        self.assertEqual(verify_num_kv_splits(4096, 200, 1, 16, 132, max_splits=8, **fixed), 5)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_split_cap_defaults_are_the_selected_config_and_this_gpu(arch):
     """block_h / min_work_per_split default to the BLOCK_H / SPLIT_WORK of the config the
-    table selects for that batch, sm_count to the platform's: never the seed's fixed 32 / 64
-    (which disagree with the sm_90 table and cost up to 2x on the H200)."""
-    differs_from_seed = 0
+    table selects for that batch, sm_count to the platform's: never a fixed 32 / 64 (which
+    disagree with the sm_90 table and cost up to 2x on the H200)."""
+    differs_from_fixed = 0
     with mock_platform(arch) as plat:
         for L, b, q, h in SPLIT_SHAPES + [(2048, 3, 3, 20), (700, 2, 1, 64)]:
             c = select_verify_config(b, q, h)
             got = verify_num_kv_splits(L, b, q, h)
             assert got == verify_num_kv_splits(L, b, q, h, plat.sm_count, block_h=c["BLOCK_H"],
                                                min_work_per_split=c["SPLIT_WORK"])
-            differs_from_seed += got != verify_num_kv_splits(L, b, q, h, plat.sm_count,
+            differs_from_fixed += got != verify_num_kv_splits(L, b, q, h, plat.sm_count,
                                                              block_h=32, min_work_per_split=64)
-    if arch in ("sm_90", "gfx942"):  # tables whose tiles are not the seed's 32 rows
-        assert differs_from_seed, "no shape tells the defaults from the seed's"
+    if arch in ("sm_90", "gfx942"):  # tables whose tiles are not all 32 rows
+        assert differs_from_fixed, "no shape tells the defaults from the fixed 32 / 64"
 
 
 @pytest.mark.parametrize("arch", ARCHS)

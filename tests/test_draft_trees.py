@@ -575,7 +575,7 @@ def _fastpath_main() -> None:  # in a subprocess without TRITON_INTERPRET (test_
                 return tuple(args.values()), extra
 
             makes.append(make)
-    out = {"replays": 0, "calls": 0}
+    out = {"replays": 0, "calls": 0, "cpp_replays": None}
     with tf.fake_dispatch():
         for rnd in range(3):
             for make in makes if rnd == 0 else rng.sample(makes, len(makes)):
@@ -589,6 +589,31 @@ def _fastpath_main() -> None:  # in a subprocess without TRITON_INTERPRET (test_
                 tf._same_launches(fast, list(tf._LOG))
                 out["calls"] += 1
                 out["replays"] += len(fastpath._RECORDS) == before
+    cpp = fastpath._cpp()
+    if cpp is not None:  # the C++ replays, dry: the parameter bytes Triton's launcher passes
+        out["cpp_replays"] = 0
+        with tf.cpp_dry_run():
+            for rnd in range(3):
+                for make in makes if rnd == 0 else rng.sample(makes, len(makes)):
+                    args, kw = make()
+                    cpp.take_log()
+                    tf._LOG.clear()
+                    recorded(*args, **kw)  # the op: replayed in C++, or recorded and committed
+                    got, python = cpp.take_log(), list(tf._LOG)
+                    tf._LOG.clear()
+                    recorded.full_path(*args, **kw)
+                    full = list(tf._LOG)
+                    if not got:
+                        tf._same_launches(python, full)
+                        continue
+                    assert not python and len(got) == len(full)
+                    for (function, grid, block, shared, *_, params), (k, g, a) in zip(got, full):
+                        assert function == k.function and grid == g
+                        want = tf._launcher_params(k, a)
+                        assert len(params) == len(want), (len(params), len(want))
+                        for i, (x, y) in enumerate(zip(params, want)):
+                            assert x == y, f"{k.src.fn.__name__} parameter {i}: {x.hex()} != {y.hex()}"
+                    out["cpp_replays"] += 1
     print("[" + json.dumps(out) + "]")
 
 
@@ -596,13 +621,18 @@ def test_eager_replays_launch_what_the_full_path_launches():
     """A recorded eager call with qo_indptr / tree_mask replays exactly the full path's
     launches (kernel, grid, arguments: the offsets and masks of the new call), and a call
     without them, or with more rows, is another geometry (``tests/test_fastpath.py``'s fake
-    dispatch: Triton's binder for sm_90 without a GPU)."""
+    dispatch: Triton's binder for sm_90 without a GPU); with ``mla_ops._C``, the C++ replays
+    too (its dry run: the parameter bytes Triton's launcher would pass)."""
     if torch.cuda.is_available():
         pytest.skip("the fake dispatch stands in for a GPU")
     from gluon_offline import run_in_subprocess
 
     out = run_in_subprocess("tests.test_draft_trees", "_fastpath_main", 600)[0][0]
     assert out["replays"] >= 2 * 40 and out["calls"] == 3 * 40, out
+    from mla_ops import fastpath
+
+    if fastpath._cpp() is not None:  # (mla_ops._C loaded: its replays too, dry)
+        assert out["cpp_replays"] >= 2 * 40, out
 
 
 @pytest.mark.gpu

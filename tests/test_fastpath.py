@@ -28,15 +28,37 @@ from builders import SM_SCALE, decode_case
 _LOG: list = []
 
 
+class _FakeLauncher:
+    """A ``CompiledKernel.run``: logs the launches; the attributes a record reads."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_pdl = launch_cooperative_grid = False
+    num_ctas = 1
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __call__(self, g0, g1, g2, stream, function, packed, meta, enter, exit_, *args):
+        k = self.kernel
+        assert function is k.function and packed is k.packed_metadata
+        _LOG.append((k, (g0, g1, g2), args))
+
+
 class _FakeKernel:
-    """Stands in for a ``CompiledKernel``: one per Triton cache key; logs its launches."""
+    """Stands in for a ``CompiledKernel``: one per Triton cache key (its signature, warps and
+    a function handle of its own); logs its launches."""
 
-    def __init__(self, key):
-        self.key, self.function, self.packed_metadata = key, object(), object()
+    def __init__(self, key, signature: dict, num_warps: int):
+        self.key, self.packed_metadata = key, object()
+        self.function = 0x1000 + len(_FAKE_KERNELS) * 16  # a handle: an int, as Triton's
+        _FAKE_KERNELS.append(self)
+        self.src = type("Src", (), {"signature": signature})()
+        self.metadata = type("Meta", (), {"num_warps": num_warps, "shared": 1024 + num_warps,
+                                          "tensordesc_meta": None})()
+        self.run = _FakeLauncher(self)
 
-    def run(self, g0, g1, g2, stream, function, packed, meta, enter, exit_, *args):
-        assert function is self.function and packed is self.packed_metadata
-        _LOG.append((self, (g0, g1, g2), args))
+
+_FAKE_KERNELS: list = []
 
 
 @contextlib.contextmanager
@@ -58,7 +80,10 @@ def fake_dispatch():
                                                                         self.params, backend)
         bound, specialization, options = binder(*args, **kwargs)
         key = (id(self), tuple(specialization), str(sorted(options.items())))
-        kernel = kernels.setdefault(key, _FakeKernel(key))
+        kernel = kernels.get(key)
+        if kernel is None:
+            signature = {p.name: spec[0] for p, spec in zip(self.params, specialization)}
+            kernel = kernels[key] = _FakeKernel(key, signature, options.get("num_warps", 4))
         grid = tuple(grid) + (1,) * (3 - len(grid))
         kernel.run(*grid, 0, kernel.function, kernel.packed_metadata, None, None, None,
                    *bound.values())
@@ -281,6 +306,150 @@ def _main() -> None:  # in a subprocess without TRITON_INTERPRET (see results)
     sys.stdout.write("[" + json.dumps(out) + "]\n")
 
 
+# --- the C++ replays (mla_ops._C), dry: what they would launch ------------------------------------
+
+
+def _launcher_params(kernel, args) -> list[bytes]:
+    """The parameters Triton 3.6's launcher passes to ``cuLaunchKernelEx`` for a logged launch
+    of the full path (written from its ``make_launcher``, independently of mla_ops.fastpath):
+    each non-constexpr argument (a host descriptor without TMA lowering as base, shape and
+    strides as i64, its padding, shape as i32, strides as i64), then two null scratch
+    addresses."""
+    import struct
+
+    formats = {"i1": "<b", "i8": "<b", "u8": "<B", "i16": "<h", "i32": "<i", "u32": "<I",
+               "i64": "<q", "u64": "<Q", "fp32": "<f", "fp64": "<d"}
+    out = []
+    for ty, v in zip(kernel.src.signature.values(), args, strict=True):
+        if ty == "constexpr":
+            continue
+        if ty.startswith("tensordesc"):
+            shape, strides = list(v.shape), list(v.strides)
+            out.append(struct.pack("<Q", v.base.data_ptr()))
+            out += [struct.pack("<q", x) for x in shape + strides]
+            out.append(struct.pack("<b", v.padding == "nan"))
+            out += [struct.pack("<i", x) for x in shape] + [struct.pack("<q", x) for x in strides]
+        elif ty.startswith("*"):
+            out.append(struct.pack("<Q", v.data_ptr()))
+        else:
+            out.append(struct.pack(formats[ty], v))
+    return out + [bytes(8), bytes(8)]
+
+
+def _cpp_compare(recorded, args) -> bool:
+    """One call through the op (the C++ replay, or on a miss the Python kernel that records),
+    then the full path: a dry C++ replay logged the launches, grids, warps and parameter bytes
+    the full path's launcher would pass. True when the C++ side replayed."""
+    cpp = fastpath._cpp()
+    cpp.take_log()
+    _LOG.clear()
+    recorded(*args)
+    got, python = cpp.take_log(), list(_LOG)
+    _LOG.clear()
+    recorded.full_path(*args)
+    full = list(_LOG)
+    if not got:
+        _same_launches(python, full)
+        return False
+    assert not python, "a call replayed in C++ also ran the Python path"
+    assert len(got) == len(full), (len(got), len(full))
+    for (function, grid, block, shared, pdl, coop, params), (k, g, a) in zip(got, full):
+        assert function == k.function, f"another compiled kernel: {k.key[1:]}"
+        assert grid == g and block == 32 * k.metadata.num_warps, (grid, g, block)
+        assert shared == k.metadata.shared and not pdl and not coop
+        want = _launcher_params(k, a)
+        assert len(params) == len(want), (len(params), len(want))
+        for i, (x, y) in enumerate(zip(params, want)):
+            assert x == y, f"parameter {i}: {x.hex()} != {y.hex()}"
+    return True
+
+
+def _cpp_check(op: str, n: int, seed: int) -> int:
+    """As _check_replays, through the op and the C++ replays."""
+    public, recipe = CALLS[op]
+    recorded = public.__wrapped__  # calls the op
+    makes = [recipe(random.Random(seed * 1000 + i), twin) for i in range(n)
+             for twin in (None, *TWINS)]
+    rng = random.Random(seed)
+    replays = 0
+    for rnd in range(3):
+        for make in makes if rnd == 0 else rng.sample(makes, len(makes)):
+            replays += _cpp_compare(recorded, make())
+    return replays
+
+
+@contextlib.contextmanager
+def cpp_dry_run():
+    """The fake dispatch, with the public functions calling the ops, whose CPU kernel is the
+    CUDA one (records and commits), and the C++ replays dry on CPU tensors."""
+    import inspect
+
+    with fake_dispatch() as mp:
+        mp.setattr(fastpath, "_cpp_route", [True, True])
+        mp.setattr(fastpath, "_cpp_allowed", lambda: True)
+        mp.setattr(fastpath, "_cpp_test_mode", (True, True))
+        lib = torch.library.Library("mla", "IMPL")
+        override = ({"allow_override": True} if "allow_override" in
+                    inspect.signature(torch.library.Library.impl).parameters else {})
+        for op, (public, _) in CALLS.items():
+            lib.impl(op, public.op_kernel, "CPU", **override)
+        fastpath.sync()
+        try:
+            yield
+        finally:
+            lib._destroy()
+            mp.setattr(fastpath, "_cpp_test_mode", ())
+            fastpath.sync()
+
+
+CPP_MUTANTS = ("dtype", "shape", "strides", "alignment", "values", "aliasing")
+
+
+def _cpp_main() -> None:  # in a subprocess without TRITON_INTERPRET
+    import json
+    import sys
+
+    cpp = fastpath._cpp()
+    out = {}
+    with cpp_dry_run():
+        for op in sorted(CALLS):
+            out[op] = _cpp_check(op, 8, seed=2)
+        out["stats"] = cpp.stats()
+        for field in CPP_MUTANTS:
+            cpp.drop_key_field(field)
+            try:
+                _cpp_check("decode_verify", 8, seed=2)
+                out[field] = "survived"
+            except AssertionError as e:
+                out[field] = f"killed: {(str(e).splitlines() or [repr(e)])[0][:120]}"
+            finally:
+                cpp.drop_key_field("")
+    sys.stdout.write("[" + json.dumps(out) + "]\n")
+
+
+@pytest.fixture(scope="module")
+def cpp_results():
+    if torch.cuda.is_available():
+        pytest.skip("the dry run stands in for a GPU")
+    if fastpath._cpp() is None:
+        pytest.skip("mla_ops._C is not loaded: no C++ replays here")
+    from gluon_offline import run_in_subprocess
+
+    return run_in_subprocess("tests.test_fastpath", "_cpp_main", 600)[0][0]
+
+
+@pytest.mark.parametrize("op", sorted(CALLS))
+def test_a_cpp_replay_passes_what_tritons_launcher_passes(op, cpp_results):
+    # (a mismatch raises in _cpp_main); the first round records, the two others replay (a
+    # geometry that makes a scratch tensor never does)
+    assert cpp_results[op] >= 8 * (1 + len(TWINS)), cpp_results
+
+
+@pytest.mark.parametrize("field", CPP_MUTANTS)
+def test_every_cpp_key_field_is_needed(field, cpp_results):
+    assert cpp_results[field].startswith("killed"), f"dropping {field} from the C++ key survived"
+
+
 @pytest.fixture(scope="module")
 def results():
     if torch.cuda.is_available():
@@ -327,7 +496,10 @@ def _gpu_check(op: str, public, args: tuple, outputs: tuple, config=None) -> Non
     recorded(*args, **kw)
     for t in outputs:
         t.fill_(float("nan"))
-    recorded(*args, **kw)  # a replay
+    before = fastpath.cpp_stats()
+    recorded(*args, **kw)  # a replay: in C++ where the call goes through the op
+    if fastpath._cpp_route[0] and not kw:
+        assert fastpath.cpp_stats()["hits"] == before["hits"] + 1, "not replayed in C++"
     got = [t.clone() for t in outputs]
     record = fastpath.record_of(op, *args, **kw)
     assert record is not None, "the call was not recorded"
@@ -394,16 +566,44 @@ def test_gpu_replays_captured_in_a_graph():
                        rope=64, dtype=torch.bfloat16)
     args = case.op_args(4)
     mla_ops.decode_attention_fwd_verify(**args)  # records
-    before = len(fastpath._RECORDS)
+    before, hits = len(fastpath._RECORDS), (fastpath.cpp_stats() or {}).get("hits")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         mla_ops.decode_attention_fwd_verify(**args)
     assert len(fastpath._RECORDS) == before
+    if fastpath._cpp_route[0]:  # the capture holds the C++ replay's launches
+        assert fastpath.cpp_stats()["hits"] == hits + 1
     assert args["q"] is case.q  # new contents, read by the reference too
     case.q.copy_(torch.randn_like(case.q) * case.q.float().std())
     args["o"].fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
+    case.assert_matches(args["o"], args["lse"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not fastpath._cpp_route[0],
+                    reason="no C++ replays here (needs a GPU, mla_ops._C and triton 3.6)")
+def test_gpu_compiled_calls_replay_in_cpp():
+    """torch.compile(fullgraph=True) of a step that calls the op: the compiled code calls it
+    through the dispatcher, so its second run replays in C++, with the eager call's bits."""
+    case = decode_case("cuda", batch=3, heads=16, qlen=2, lens=[700, 2000, 64], page=64,
+                       Lv=512, rope=64, dtype=torch.bfloat16)
+    args = case.op_args(3)
+
+    @torch.compile(fullgraph=True)
+    def step(q):
+        torch.ops.mla.decode_verify(q, *list(args.values())[1:])
+
+    step(args["q"])
+    hits = fastpath.cpp_stats()["hits"]
+    args["o"].fill_(float("nan"))
+    step(args["q"])
+    assert fastpath.cpp_stats()["hits"] == hits + 1
+    got = args["o"].clone()
+    args["o"].fill_(float("nan"))
+    mla_ops.decode_attention_fwd_verify.full_path(*args.values())
+    assert torch.equal(got, args["o"])
     case.assert_matches(args["o"], args["lse"])
 
 

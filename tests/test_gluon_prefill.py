@@ -89,7 +89,7 @@ def test_gluon_rules_need_the_gluon_fact():
             split = L.head_dim_split(d)
             for causal in (False, True):
                 assert select_prefill_config(d, split, True, causal, gluon=False)["family"] == "triton"
-                # D 64: the portable kernel was faster on the H200 (NOTES v5); every other
+                # D 64: the portable kernel was faster on the H200; every other
                 # verified head dim runs the Gluon kernel where it can.
                 want = "triton" if d == 64 else "gluon"
                 assert select_prefill_config(d, split, True, causal, gluon=True)["family"] == want
@@ -126,32 +126,32 @@ UNSUPPORTED = [  # (dtype, head_dim, windowed, device, the reason contains)
 
 @pytest.mark.parametrize("dtype,head_dim,windowed,device,why", UNSUPPORTED,
                          ids=["fp32", "D40", "D160", "D88", "window", "cpu"])
-def test_unsupported_reasons(dtype, head_dim, windowed, device, why, monkeypatch):
-    """What the Gluon kernel does not cover gets a reason (the portable kernel runs it). The
-    device check is bypassed for the non-device cases so the test runs on any machine."""
+def test_unsupported_reasons(dtype, head_dim, windowed, device, why):
+    """What the Gluon kernel does not cover gets a reason (the portable kernel runs it). The GPU
+    is a mocked sm_90, so the test runs on any machine."""
     if _GLUON_WHY is not None:
         pytest.skip(f"no Gluon here: {_GLUON_WHY}")
-    if device == "cuda":
-        monkeypatch.setattr(gla, "sm90_reason", lambda dev: None)
     split = L.head_dim_split(head_dim)
-    got = gla.gluon_unsupported_shape(torch.device(device), dtype, head_dim, split, windowed)
+    with _mock_sm90():
+        got = gla.gluon_unsupported_shape(torch.device(device), dtype, head_dim, split, windowed)
     assert got is not None and why in got, got
 
 
-def test_supported_shapes(monkeypatch):
+def test_supported_shapes():
     if _GLUON_WHY is not None:
         pytest.skip(f"no Gluon here: {_GLUON_WHY}")
-    monkeypatch.setattr(gla, "sm90_reason", lambda dev: None)
-    for d in (64, 72, 80, 96, 128, 256):
-        for dt in (torch.float16, torch.bfloat16):
-            split = L.head_dim_split(d)
-            cfg = {"BLOCK_N": 64} if d > 128 else {}
-            assert gla.gluon_unsupported_shape(torch.device("cuda"), dt, d, split, False, cfg) is None, d
-            # The table's fact (no config yet: its rule brings BLOCK_N) holds for every one.
-            assert gla.gluon_unsupported_shape(torch.device("cuda"), dt, d, split, False) is None, d
-    split = L.head_dim_split(256)
-    why = gla.gluon_unsupported_shape(torch.device("cuda"), torch.bfloat16, 256, split, False,
-                                      {"BLOCK_N": 128})
+    cuda = torch.device("cuda")
+    with _mock_sm90():
+        for d in (64, 72, 80, 96, 128, 256):
+            for dt in (torch.float16, torch.bfloat16):
+                split = L.head_dim_split(d)
+                cfg = {"BLOCK_N": 64} if d > 128 else {}
+                assert gla.gluon_unsupported_shape(cuda, dt, d, split, False, cfg) is None, d
+                # The table's fact (no config yet: its rule brings BLOCK_N) holds for every one.
+                assert gla.gluon_unsupported_shape(cuda, dt, d, split, False) is None, d
+        split = L.head_dim_split(256)
+        why = gla.gluon_unsupported_shape(cuda, torch.bfloat16, 256, split, False,
+                                          {"BLOCK_N": 128})
     assert why and "BLOCK_N 64" in why
 
 

@@ -8,8 +8,8 @@ warp-specialize budget, shared memory within the 227 KB a CTA may have.
 GPU (``@pytest.mark.gpu``; the H100/H200 only, skipped elsewhere): stage 1 here, the portable
 stage 2 for split caps > 1, against ``mla_ops.reference.decode_verify_ref`` on fresh random
 data, outputs poisoned with NaN before each call and the cache poisoned with NaN past each
-request's end; tolerance by flash-attention's rule: the error against a float64 reference is
-at most ``TOL_K`` times the error of plain PyTorch computing in bf16.
+request's end; the tests' tolerance rule (``builders.assert_accurate``): the error against a
+float64 reference is at most ``builders.K`` times the error of plain PyTorch computing in bf16.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from mla_ops.decode_verify import gluon_launch as gla
 from mla_ops.decode_verify import kernels  # noqa: F401
 from mla_ops.decode_verify import launch
 from mla_ops.host import cache_bounds
+from mla_ops.platform import mock_platform
 from mla_ops.reference import decode_verify_ref
 
+from builders import assert_accurate
 from gluon_offline import compile_sm90a, ptxas_facts, run_in_subprocess, tensordesc
 
 SM_SCALE = 0.1352
 LK, LV = 576, 512
-TOL_K = 3.0
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may have on sm_90 (227 KB)
 FP8 = torch.float8_e4m3fn
 
@@ -187,6 +188,32 @@ def test_offline_compile_sm90a(variant, offline_reports):
     assert r["shared"] <= SMEM_LIMIT, r
 
 
+# --- which launches the Gluon family takes (CPU: the GPU is the mocked platform) ------------------
+
+# (mocked arch, page size, the reason contains; None: the family covers the launch)
+ROUTES = [("sm_90", 64, None), ("sm_90", 128, None), ("sm_90", 16, "page_size 16"),
+          ("sm_90", 32, "page_size 32"), ("sm_90", 96, "page_size 96"),
+          ("sm_80", 64, "sm_90 only"), ("sm_100", 64, "sm_90 only"), ("gfx942", 64, "HIP")]
+
+
+@pytest.mark.parametrize("arch,page_size,why", ROUTES,
+                         ids=[f"{a}-p{p}" for a, p, _ in ROUTES])
+def test_gluon_fact_follows_the_platform_and_the_page_size(arch, page_size, why, monkeypatch):
+    """The fact the table routes on, on a mocked GPU (``sm90_reason`` asks
+    ``platform.current()``, so the mock reaches it on any machine): the Gluon stage 1 covers a
+    bf16 launch at 576 / 512 on sm_90 only, and only pages of whole 64-token KV blocks (a block
+    is one TMA box inside one page). The triton-version gate is lifted so that the rules after
+    it are reached whatever triton runs the test."""
+    monkeypatch.setattr(gla, "gluon_available", lambda: None)
+    with mock_platform(arch, interpret=False):
+        got = gla.gluon_unsupported_shape(torch.device("cuda"), torch.bfloat16, torch.bfloat16,
+                                          16, LK, LV, page_size)
+    if why is None:
+        assert got is None
+    else:
+        assert got is not None and why in got, got
+
+
 # --- GPU correctness -----------------------------------------------------------------------------
 
 needs_hopper = pytest.mark.skipif(not _is_hopper() or _GLUON_WHY is not None,
@@ -273,23 +300,15 @@ def reference(c, dtype):
 
 
 def check(c, o, lse):
-    """Flash-attention's rule against float64, exact -inf / 0 for rows without a key, no NaN.
-    Returns (err_o, err_pt_o, err_lse, err_pt_lse)."""
+    """The tests' tolerance rule (``builders.assert_accurate``) against float64, plain PyTorch
+    in bf16 the yardstick; exact -inf / 0 for rows without a key, no NaN."""
     ref_o, ref_lse = reference(c, torch.float64)
     pt_o, pt_lse = reference(c, torch.bfloat16)
-    assert not torch.isnan(o).any(), "NaN in o"
-    assert not torch.isnan(lse).any(), "NaN in lse"
     dead = torch.isinf(ref_lse)
     assert torch.equal(torch.isinf(lse), dead), "rows without a key must have lse -inf, and only they"
     assert (o[dead] == 0).all(), "rows without a key must have o = 0"
-    live = ~dead
-    err_o = (o.double() - ref_o)[live].abs().max().item() if live.any() else 0.0
-    err_pt = (pt_o.double() - ref_o)[live].abs().max().item() if live.any() else 0.0
-    err_l = (lse.double() - ref_lse)[live].abs().max().item() if live.any() else 0.0
-    err_pt_l = (pt_lse.double() - ref_lse)[live].abs().max().item() if live.any() else 0.0
-    assert err_o <= TOL_K * err_pt + 1e-5, (err_o, err_pt)
-    assert err_l <= TOL_K * err_pt_l + 1e-5, (err_l, err_pt_l)
-    return err_o, err_pt, err_l, err_pt_l
+    assert_accurate("o", o, ref_o, pt_o, torch.bfloat16)
+    assert_accurate("lse", lse, ref_lse, pt_lse, torch.bfloat16)
 
 
 # (id, B, H, qlen, L or per-request lens, page, fp8, layout, real lens, split caps)

@@ -9,7 +9,7 @@ import torch
 
 import mla_ops
 
-from builders import SM_SCALE, decode_case, encoder_case
+from builders import SM_SCALE, assert_accurate, decode_case, encoder_case
 
 two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                               reason="needs 2 GPUs")
@@ -79,6 +79,7 @@ def test_merge_on_the_tensors_device(on_device_1):
     torch.ops.mla.merge_attn_states(o_parts, lse_parts, o, lse)
     from mla_ops.reference import merge_attn_states_ref
 
-    ref_o, ref_lse = merge_attn_states_ref(o_parts, lse_parts)
-    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(o.float(), ref_o, atol=1e-2, rtol=1e-2)
+    ref_o, ref_lse = merge_attn_states_ref(o_parts.double(), lse_parts.double(), torch.float64)
+    pt_o, pt_lse = merge_attn_states_ref(o_parts, lse_parts.to(torch.bfloat16), torch.bfloat16)
+    assert_accurate("o", o, ref_o, pt_o, torch.bfloat16)
+    assert_accurate("lse", lse, ref_lse, pt_lse, torch.bfloat16)

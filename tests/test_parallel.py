@@ -12,8 +12,8 @@ GPU: the kernel's sharded path in bf16 at serving shapes, and (2 GPUs, NCCL) the
 Triton kernels with every merge method, then captured in a CUDA graph and replayed on new data.
 
 Inputs are random (never zeros), every output and internal buffer is NaN before each call, the
-local cache is NaN past each request's local length, and accuracy follows flash-attention's rule
-(``fa_tolerance``).
+local cache is NaN past each request's local length, and accuracy follows the tests' one rule
+(``builders.assert_accurate``: flash-attention's).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import triton
 import triton.language as tl
 
 import mla_ops  # noqa: F401  (registers torch.ops.mla)
-from fa_tolerance import assert_fa_rule, max_err
 from mla_ops import platform
 from mla_ops.context_parallel import (
     CPAttnCombiner,
@@ -46,6 +45,8 @@ from mla_ops.decode_verify.launch import (
     warmup_decode_attention_fwd_verify,
 )
 from mla_ops.reference import cp_global_positions, decode_verify_ref, merge_attn_states_ref
+
+from builders import assert_accurate
 
 SM_SCALE = 0.1352
 SMALL_SPLITS = {"BLOCK_N": 16, "SPLIT_ALIGN": 16, "MIN_SPLIT_LEN": 16}
@@ -202,12 +203,12 @@ def full_references(case: Case, glob: Global):
 
 
 def check_against_full(name, case: Case, o, lse, ref, pt, heads: slice):
-    """The merged result of ``heads`` against the full attention (flash-attention's rule), the
+    """The merged result of ``heads`` against the full attention (the tolerance rule), the
     -inf pattern exact, o exactly 0 on rows that see no key."""
     dtype = DTYPES[case.dtype]
     ref_o, ref_lse = ref[0][:, heads], ref[1][:, heads]
-    assert_fa_rule(f"{name} o", o, ref_o, pt[0][:, heads], dtype)
-    assert_fa_rule(f"{name} lse", lse, ref_lse, pt[1][:, heads], dtype)
+    assert_accurate(f"{name} o", o, ref_o, pt[0][:, heads], dtype)
+    assert_accurate(f"{name} lse", lse, ref_lse, pt[1][:, heads], dtype)
     empty = torch.isinf(ref_lse)
     assert torch.equal(torch.isneginf(lse), empty), f"{name}: -inf pattern differs"
     assert (o[empty] == 0).all(), f"{name}: rows with no key must get o = 0"
@@ -266,8 +267,8 @@ def test_kernel_cp_path_matches_reference(device, world, rank, interleave, split
     args = (glob.q, cache, Lv, table, glob.lens, glob.real, case.qlen, SM_SCALE, case.page, None)
     ref_o, ref_lse = decode_verify_ref(*args, torch.float64, *cp)
     pt_o, pt_lse = decode_verify_ref(*args, torch.float16, *cp)
-    assert_fa_rule("o", o, ref_o, pt_o, torch.float16)
-    assert_fa_rule("lse", lse, ref_lse, pt_lse, torch.float16)
+    assert_accurate("o", o, ref_o, pt_o, torch.float16)
+    assert_accurate("lse", lse, ref_lse, pt_lse, torch.float16)
     empty = torch.isinf(ref_lse)
     assert empty.any() and not empty.all(), "the case should have rows this rank sees and rows it does not"
     assert torch.equal(torch.isneginf(lse), empty) and (o[empty] == 0).all()
@@ -394,8 +395,8 @@ def run_gloo_case(case: Case, rank: int, group) -> None:
                                     SM_SCALE, case.page, None)
         # The sharded step is about as accurate as the single-process op on the full cache.
         dtype = DTYPES[case.dtype]
-        assert_fa_rule(f"{case.id} o vs the op", o, ref[0][:, heads], op_o[:, heads], dtype)
-        assert_fa_rule(f"{case.id} lse vs the op", lse, ref[1][:, heads], op_lse[:, heads], dtype)
+        assert_accurate(f"{case.id} o vs the op", o, ref[0][:, heads], op_o[:, heads], dtype)
+        assert_accurate(f"{case.id} lse vs the op", lse, ref[1][:, heads], op_lse[:, heads], dtype)
 
 
 def _capture(fn, device):
@@ -590,8 +591,8 @@ def test_gpu_kernel_cp_path_matches_reference(device, world, rank, interleave, q
     args = (glob.q, cache, 512, table, glob.lens, glob.real, qlen, SM_SCALE, 64, None)
     ref_o, ref_lse = decode_verify_ref(*args, torch.float64, *cp)
     pt_o, pt_lse = decode_verify_ref(*args, torch.bfloat16, *cp)
-    assert_fa_rule("o", o, ref_o, pt_o, torch.bfloat16)
-    assert_fa_rule("lse", lse, ref_lse, pt_lse, torch.bfloat16)
+    assert_accurate("o", o, ref_o, pt_o, torch.bfloat16)
+    assert_accurate("lse", lse, ref_lse, pt_lse, torch.bfloat16)
     empty = torch.isinf(ref_lse)
     assert torch.equal(torch.isneginf(lse), empty) and (o[empty] == 0).all()
 
@@ -634,8 +635,8 @@ def test_gpu_cp_warmup_then_capture_compiles_nothing(device, heads):
     args = (glob.q, cache, 512, table, glob.lens, glob.real, qlen, SM_SCALE, page, None)
     ref_o, ref_lse = decode_verify_ref(*args, torch.float64, world, 1, interleave)
     pt_o, pt_lse = decode_verify_ref(*args, torch.bfloat16, world, 1, interleave)
-    assert_fa_rule("o", o, ref_o, pt_o, torch.bfloat16)
-    assert_fa_rule("lse", lse, ref_lse, pt_lse, torch.bfloat16)
+    assert_accurate("o", o, ref_o, pt_o, torch.bfloat16)
+    assert_accurate("lse", lse, ref_lse, pt_lse, torch.bfloat16)
 
 
 NCCL_CASES = [

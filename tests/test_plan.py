@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import mla_ops
-from mla_ops.decode_verify.launch import launch_config, verify_num_kv_splits
+from mla_ops.decode_verify.launch import launch_config
+from mla_ops.decode_verify.splits import verify_num_kv_splits
 from mla_ops.platform import mock_platform
 
 from builders import SM_SCALE, decode_case
@@ -57,7 +58,7 @@ def test_plan_run_matches_reference(device, splits):
                          ids=["M1", "M2", "M3", "M5", "M6", "H128-q2-32k"])
 def test_plan_holds_the_tables_config_and_split(arch, H, qlen, B, L):
     """What the tuned table gives (its config; the split from that config's BLOCK_H and
-    MIN_SPLIT_LEN), not the seed's defaults."""
+    SPLIT_WORK), not fixed defaults."""
     with mock_platform(arch, interpret=False):
         plan = mla_ops.plan_verify(B, qlen, H, L, dtype=torch.bfloat16, device="cpu",
                                    page_size=64)

@@ -1,8 +1,8 @@
 """The plain-PyTorch references against naive per-row loops (CPU, float64).
 
 The references are the oracle of every kernel test (and the ops' CPU kernels), so they are
-checked here against the most literal reading of SPEC.md: one query row at a time, one key at
-a time. Inputs from ``builders``.
+checked here against the most literal reading of their docstrings: one query row at a time,
+one key at a time. Inputs from ``builders``.
 """
 
 import math

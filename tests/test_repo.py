@@ -1,5 +1,8 @@
-"""What the README promises: its test command is what CI runs, and `python -m mla_ops` works."""
+"""What the docs promise: the README's test command is what CI runs, `python -m mla_ops` works,
+every file and API name the README, ARCHITECTURE and NOTES cite exists, and benchmarks/results/
+holds exactly what its MANIFEST lists."""
 
+import json
 import os
 import pathlib
 import re
@@ -61,19 +64,23 @@ def test_main_job_runs_and_checks_both_kernels():
     assert out.stdout.count(" OK") == 2 and "all checks passed" in out.stdout
 
 
-def _readme_code_spans():
-    text = (ROOT / "README.md").read_text() + (ROOT / "ARCHITECTURE.md").read_text()
+DOCS = ("README.md", "ARCHITECTURE.md", "benchmarks/NOTES.md")
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _readme_code_spans(docs=DOCS[:2]):
+    text = "".join((ROOT / d).read_text() for d in docs)
     return set(re.findall(r"`([^`\n]+)`", text))
 
 
-def test_every_file_the_readme_names_exists():
-    """A path in a code span (``benchmarks/results/h200/v8/eager_launch.json``, or relative to
-    the package, the benchmarks or the results folder) is a file or folder of the tree; globs
-    match at least one."""
-    bases = [ROOT, ROOT / "mla_ops", ROOT / "benchmarks", ROOT / "benchmarks" / "results",
-             ROOT / "benchmarks" / "results" / "h200"]
+def test_every_file_the_docs_name_exists():
+    """A path in a code span of the README, ARCHITECTURE or NOTES
+    (``benchmarks/results/h200/v8/eager_launch.json``, or relative to the package, the
+    benchmarks or the results folder) is a file or folder of the tree; globs match at least
+    one."""
+    bases = [ROOT, ROOT / "mla_ops", ROOT / "benchmarks", RESULTS, RESULTS / "h200"]
     missing = []
-    for span in _readme_code_spans():
+    for span in _readme_code_spans(DOCS):
         words = span.split()
         for before, word in zip([""] + words, words):
             if before in ("--json", ">", "-o"):
@@ -89,7 +96,36 @@ def test_every_file_the_readme_names_exists():
                             for d in ("mla_ops", "benchmarks/results"))
             if not found:
                 missing.append(word)
-    assert not missing, f"README/ARCHITECTURE name files that do not exist: {sorted(set(missing))}"
+    assert not missing, f"the docs name files that do not exist: {sorted(set(missing))}"
+
+
+def test_the_readme_images_exist():
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (ROOT / "README.md").read_text())
+    assert all((ROOT / i).is_file() for i in images), images
+
+
+def test_the_launch_tables_cite_committed_results():
+    """A table's ``source`` that names a results file names one in the tree."""
+    missing = []
+    for path in sorted((ROOT / "mla_ops").glob("*/tables/*.json")):
+        source = json.loads(path.read_text())["source"]
+        for cited in re.findall(r"benchmarks/results/[\w./-]+", source):
+            if not (ROOT / cited.rstrip(".")).exists():
+                missing.append(f"{path.relative_to(ROOT)}: {cited}")
+    assert not missing, missing
+
+
+def test_results_are_exactly_what_the_manifest_lists():
+    """Every file under benchmarks/results/ is listed in MANIFEST.md (the first column of its
+    tables, relative to results/), and every listed file exists."""
+    listed = set()
+    for line in (RESULTS / "MANIFEST.md").read_text().splitlines():
+        if line.startswith("| `"):
+            listed |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    present = {p.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("*")
+               if p.is_file() and p.name != "MANIFEST.md"}
+    assert not present - listed, f"not in MANIFEST.md: {sorted(present - listed)}"
+    assert not listed - present, f"in MANIFEST.md, not in results/: {sorted(listed - present)}"
 
 
 def test_every_api_name_the_readme_names_exists():

@@ -7,8 +7,8 @@ Facts a table rule may match (``mla_ops.tuning`` has the rule format):
 - ``gluon``: whether the sm_90 Gluon family can run this launch (CUDA capability 9, the triton
   its Gluon code is written for, a cache and head dims it covers; ``launch.py`` decides).
 
-``tables/sm_90.json`` is written by ``benchmarks/sweep_decode_verify.py``; gfx942 follows the
-seed's MI300X sweeps; everything else uses ``"default"``.
+``tables/sm_90.json`` is written by ``benchmarks/sweep_decode_verify.py``; gfx942 has a built-in
+table from MI300X sweeps; everything else uses ``"default"``.
 
 Config keys of the ``triton`` family (the portable kernels in ``kernels.py``):
 
@@ -20,9 +20,9 @@ Config keys of the ``triton`` family (the portable kernels in ``kernels.py``):
   N is any multiple of 8, so a 32-row tile (H=16, qlen=2) pads no MMA. Combines with QSPLIT.
 - ``SPLIT_ALIGN`` / ``MIN_SPLIT_LEN``: a request of length L is cut into chunks of
   ``max(cdiv(L, splits), MIN_SPLIT_LEN)`` rounded up to ``SPLIT_ALIGN``.
-- ``SPLIT_WORK``: the keys per split the split-cap heuristic (``verify_num_kv_splits``) aims
-  for: the portable tables were swept at 64 (the seed's), the Gluon family measured best at its
-  256. (M1: 66 splits, 14.4 us on the H200; 64 splits from MIN_SPLIT_LEN 128, 16.8 us.)
+- ``SPLIT_WORK``: the keys per split the split-cap heuristic (``splits.verify_num_kv_splits``)
+  aims for: the portable tables were swept at 64, the Gluon family measured best at its 256.
+  (M1: 66 splits, 14.4 us on the H200; 64 splits from MIN_SPLIT_LEN 128, 16.8 us.)
 - ``S2_BLOCK_S`` / ``s2_num_warps``: splits per step and warps of the stage-2 merge;
   ``S2_BLOCK_DV``: columns of ``o`` per stage-2 program (0: all ``Lv``).
 - ``TMA``: K tiles by bulk tensor copies through host-built descriptors where they apply
@@ -55,13 +55,13 @@ VERIFY_DEFAULT_CONFIG: dict[str, Any] = {
     "S2_BLOCK_DV": 0, "TMA": 0, "PERSISTENT": 0, "PDL": 0, "SPLIT_WORK": 64,
 }
 
-# MI300X, as the seed describes its sweeps (bf16, page 16): few rows (B*qlen*H <= 640) take
+# MI300X sweeps (bf16, page 16): few rows (B*qlen*H <= 640) take
 # 32-row tiles and short splits so more KV splits fill the 304 CUs; otherwise 64-row tiles with
 # Q split in two 256-wide halves and the next K tile prefetched (num_stages 2) halve the KV
 # re-reads per request.
 _GFX942 = {
     "arch": "gfx942",
-    "source": "seed 000 (MI300X sweeps, bf16, page 16)",
+    "source": "MI300X sweeps (bf16, page 16)",
     "rules": [
         {"match": {"rows_max": 640}, "config": {
             "BLOCK_H": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "QSPLIT": 0,

@@ -72,9 +72,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
 
-from .kernels import _cp_local_len  # plain integer arithmetic: shared with the portable kernel
+from .kernels import _LN2, _cp_local_len  # shared with the portable kernel
+from .splits import split_chunk
 
-_LN2 = gl.constexpr(0.6931471805599453)
 _BM = gl.constexpr(64)  # rows per CTA: one wgmma M
 _DT = gl.constexpr(64)  # columns per shared tile: 128 B of 16-bit values, one swizzle row
 
@@ -151,8 +151,7 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     # The keys of the request's last row: the table entries the whole request reads.
     req_lim = _local(_row_limit(qlen_b - 1, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
     # Split s covers [s * chunk, min((s + 1) * chunk, L)), as in the portable kernel.
-    chunk = gl.maximum(gl.cdiv(local_len, num_kv_splits), MIN_SPLIT_LEN)
-    chunk = gl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    chunk = split_chunk(local_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
     split_start = pid_s * chunk
     split_end = gl.minimum(split_start + chunk, local_len)
     kv_end = gl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
@@ -458,7 +457,7 @@ def _verify_stage1_ws(
     Req_to_Token,  # [B, max_pages] int32
     Seq_Lens,  # [B] int32
     Real_Lens,  # [B] int32 (Seq_Lens when there are no real lengths)
-    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32 (unused when SINGLE)
+    Mid,  # the split workspace [B*qlen, H, num_kv_splits, Lv + 1] fp32 (unused when SINGLE)
     O,  # [B*qlen, H, Lv] (written when SINGLE)
     Lse,  # [B*qlen, H] fp32 (written when SINGLE)
     K_Scale,  # [] fp32

@@ -1,13 +1,14 @@
 """Host side of the Gluon (sm_90) stage 1 of the decode-verify attention: support check,
-TMA descriptors, grid, launch. The kernel is ``gluon_kernels._verify_stage1_ws``.
+TMA descriptors, grid, launch. The kernels are ``gluon_kernels._verify_stage1_alt`` and
+``_verify_stage1_ws``.
 
 The caller (``launch.py``) keeps the checks of the public API, the split count, the workspace
 and the stage 2: this module only launches stage 1. With ``num_kv_splits == 1`` stage 1 writes
-``o`` / ``lse`` itself; otherwise it writes the partials into ``mid`` (``attn_logits``,
-``[B*qlen, H, num_kv_splits, Lv + 1]`` fp32, each split's ``o`` normalized by its own ``l`` in
-``[..., :Lv]``, its natural-log LSE in ``[..., Lv]``) and the caller launches the portable stage
-2 (``kernels._fwd_verify_stage2``) with **this config's** ``SPLIT_ALIGN`` and ``MIN_SPLIT_LEN``
-(the chunking of both stages must agree).
+``o`` / ``lse`` itself; otherwise it writes the partials into the split workspace (the op's
+``attn_logits``, ``[B*qlen, H, num_kv_splits, Lv + 1]`` fp32, each split's ``o`` normalized by
+its own ``l`` in ``[..., :Lv]``, its natural-log LSE in ``[..., Lv]``) and the caller launches
+the portable stage 2 (``kernels._fwd_verify_stage2``) with **this config's** ``SPLIT_ALIGN``
+and ``MIN_SPLIT_LEN`` (both stages chunk by ``splits.split_chunk``).
 
 Capture-safe: nothing is allocated and nothing waits for the device. The two TMA descriptors
 are host structs passed by value (a captured graph holds them); they encode the cache's and
@@ -23,7 +24,8 @@ import torch
 
 from ..fastpath import launch
 from ..gluon_support import descriptor, gl, load_kernels, sm90_reason
-from ..host import cache_bounds, cdiv
+from ..host import cache_bounds, cache_geometry, cdiv
+from ..numerics import exp2_scale
 
 __all__ = [
     "GLUON_DEFAULT_CONFIG",
@@ -67,19 +69,10 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     "QK_FIRST": 0,
 }
 
-_LOG2E = 1.4426950408889634
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
 
 # The kernels (None where they do not import) and gluon_available(): None, or why not.
 _gk, gluon_available = load_kernels(__package__)
-
-
-def _cache_geometry(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int, int]:
-    """(num_pages, page stride, token stride) in elements of a 4-D ``[pages, page_size, 1, Lk]``
-    or 3-D ``[pages * page_size, 1, Lk]`` cache."""
-    if k_buffer.dim() == 4:
-        return k_buffer.shape[0], k_buffer.stride(0), k_buffer.stride(1)
-    return k_buffer.shape[0] // page_size, k_buffer.stride(0) * page_size, k_buffer.stride(0)
 
 
 def gluon_row_blocks(qlen: int, num_heads: int) -> int:
@@ -144,7 +137,7 @@ def gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg) -> str | None:
         return why
     if q.stride(-1) != 1 or k_buffer.stride(-1) != 1:
         return "last dim not contiguous"
-    _, s_page, s_tok = _cache_geometry(k_buffer, page_size)
+    _, s_page, s_tok = cache_geometry(k_buffer, page_size)
     qe, ke = q.element_size(), k_buffer.element_size()
     if q.data_ptr() % 16 or (q.stride(0) * qe) % 16 or (q.stride(1) * qe) % 16:
         return "q base / strides not 16-byte aligned (TMA)"
@@ -152,7 +145,7 @@ def gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg) -> str | None:
         return "cache base / strides not 16-byte aligned (TMA)"
     if k_buffer.dim() == 3 and k_buffer.shape[0] % page_size:
         return "3-D cache rows not a multiple of page_size"
-    if _cache_geometry(k_buffer, page_size)[0] == 0:
+    if cache_geometry(k_buffer, page_size)[0] == 0:
         return "the cache has no pages (a TMA descriptor needs one)"
     return None
 
@@ -163,7 +156,7 @@ def _descriptors(q, k_buffer, page_size, block_n):
     ``[num_pages, page_size, Lk]`` with boxes ``[1, block_n, 64]``."""
     head_box = min(q.shape[1], 64)
     q_desc = descriptor(q, q.shape, q.stride(), (64 // head_box, head_box, 64), gl.bfloat16)
-    num_pages, s_page, s_tok = _cache_geometry(k_buffer, page_size)
+    num_pages, s_page, s_tok = cache_geometry(k_buffer, page_size)
     kdt = gl.float8e4nv if k_buffer.dtype == torch.float8_e4m3fn else gl.bfloat16
     k_desc = descriptor(k_buffer, (num_pages, page_size, k_buffer.shape[-1]), (s_page, s_tok, 1),
                         (1, block_n, 64), kdt)
@@ -171,19 +164,20 @@ def _descriptors(q, k_buffer, page_size, block_n):
 
 
 def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real_lens, has_real,
-                               o, lse, mid, qlen, num_kv_splits, sm_scale, page_size, Lv, cfg,
+                               o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size, Lv, cfg,
                                cp_world=1, cp_rank=0, cp_interleave=1, *, batch=None,
                                qo_indptr=None, tree_mask=None) -> None:
     """Launch the Gluon stage 1 (``gluon_unsupported_reason`` must have returned None).
 
     Args: as ``decode_attention_fwd_verify`` after its checks; ``real_lens`` is ``seq_lens``
-    when ``has_real`` is False; ``mid`` is ``attn_logits`` (None when ``num_kv_splits == 1``:
-    then ``o`` / ``lse`` are written here and there is no stage 2); ``k_scale`` a scalar fp32
-    tensor (1.0 for a bf16 cache); ``cfg`` the keys of :data:`GLUON_DEFAULT_CONFIG`;
-    ``cp_*``: this launch is rank ``cp_rank`` of a context-parallel step (global lengths, the
-    rank's local cache and block table), as in the portable kernel; ``qo_indptr`` (ragged
-    draft counts: ``batch`` requests, ``qlen`` the most rows one has) and ``tree_mask`` (draft
-    trees) as ``decode_attention_fwd_verify`` documents them, None for the kernel without them.
+    when ``has_real`` is False; ``workspace`` is the op's ``attn_logits`` (None when
+    ``num_kv_splits == 1``: then ``o`` / ``lse`` are written here and there is no stage 2);
+    ``k_scale`` a scalar fp32 tensor (1.0 for a bf16 cache); ``cfg`` the keys of
+    :data:`GLUON_DEFAULT_CONFIG`; ``cp_*``: this launch is rank ``cp_rank`` of a
+    context-parallel step (global lengths, the rank's local cache and block table), as in the
+    portable kernel; ``qo_indptr`` (ragged draft counts: ``batch`` requests, ``qlen`` the most
+    rows one has) and ``tree_mask`` (draft trees) as ``decode_attention_fwd_verify`` documents
+    them, None for the kernel without them.
 
     Out-of-range metadata is marked as in the portable kernel (``kernels.py``'s docstring): a
     request with a page index outside the cache among the keys it reads, or a length past
@@ -197,9 +191,9 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         return
     single = num_kv_splits == 1
     if single:
-        mid_t, mid_strides = lse, (0, 0, 0)  # lse only stands in for the unused pointer
+        ws_arg, ws_strides = lse, (0, 0, 0)  # lse only stands in for the unused pointer
     else:
-        mid_t, mid_strides = mid, tuple(mid.stride()[:3])
+        ws_arg, ws_strides = workspace, tuple(workspace.stride()[:3])
     q_desc, k_desc = _descriptors(q, k_buffer, page_size, c["BLOCK_N"])
     num_pages, kv_capacity = cache_bounds(k_buffer, req_to_token, page_size)
     grid = (gluon_row_blocks(qlen, num_heads) * batch * num_kv_splits,)
@@ -207,9 +201,9 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     kernel = _gk._verify_stage1_alt if (c["SCHEDULE"] == "alt" and not fp8) else _gk._verify_stage1_ws
     extra = {"QK_FIRST": bool(c["QK_FIRST"])} if kernel is _gk._verify_stage1_alt else {}
     launch(kernel, grid,
-        q_desc, k_desc, float(sm_scale) * _LOG2E, req_to_token, seq_lens,
-        real_lens if has_real else seq_lens, mid_t, o, lse, k_scale,
-        req_to_token.stride(0), *mid_strides, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
+        q_desc, k_desc, exp2_scale(sm_scale), req_to_token, seq_lens,
+        real_lens if has_real else seq_lens, ws_arg, o, lse, k_scale,
+        req_to_token.stride(0), *ws_strides, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
         num_kv_splits, qlen, num_heads, page_size, num_pages, kv_capacity,
         cp_rank if cp_world > 1 else None,  # None: a constexpr, the single-GPU kernel itself
         LV=Lv, LK=q.shape[-1], BLOCK_N=c["BLOCK_N"], NUM_STAGES=c["NUM_STAGES"],

@@ -43,14 +43,18 @@ is outside the cache (pages only a length past ``real_len`` would touch are neve
 never mark). The block loops pay one unsigned min (the clamp: a negative index is huge as
 uint32) and one unsigned max (the running largest index, compared with ``num_pages`` once
 after the loops) per index they load anyway. Before the loops each program also checks the
-table entries of its split that only later rows of the request read (rarely any), so every row
-block agrees. Split partials carry the mark as NaN, and stage 2 merges the lse of all the
-request's splits, so a NaN partial makes the row's sum NaN, which it turns into NaN rows
-explicitly (its ``has_key`` test would read a NaN sum as "no key").
+table entries of its split that only later rows of the request read (rarely any; never with
+qlen 1, where it is not compiled), so every row block agrees. Split partials carry the mark as
+NaN, and stage 2 merges the lse of all the request's splits, so a NaN partial makes the row's
+sum NaN, which it turns into NaN rows explicitly (its ``has_key`` test would read a NaN sum as
+"no key").
 """
 
 import triton
 import triton.language as tl
+
+from ..numerics import LN2
+from .splits import split_chunk
 
 try:  # programmatic dependent launch (triton >= 3.4); the launcher only asks for it when present
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -60,7 +64,7 @@ except ImportError:
     gdc_launch_dependents = gdc_wait = None
     HAS_PDL = False
 
-_LN2 = tl.constexpr(0.6931471805599453)
+_LN2 = tl.constexpr(LN2)
 
 
 @triton.jit
@@ -321,7 +325,7 @@ def _stage1_program(
     """Stage 1 for one (row block, request, split) ``pid``: the arguments of
     ``_fwd_verify_stage1`` (documented there). A function of its own so that the non-persistent
     grid runs it without a loop around it: a loop that runs once cost M2 8% on the H200
-    (``PERSISTENT 1`` with one program per work item, benchmarks/NOTES.md v3)."""
+    (``PERSISTENT 1`` with one program per work item)."""
     ROW_BLOCKS: tl.constexpr = (QLEN * NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     # Row blocks vary fastest so the row blocks of one (request, split) run side by side and
     # share its KV tiles through L2.
@@ -378,8 +382,7 @@ def _stage1_program(
         min_lim = tl.minimum(min_lim, max_lim)  # a row block past the request's rows has none
 
     # Split s of request b covers [s * chunk, min((s + 1) * chunk, L)).
-    chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
-    chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    chunk = split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
     split_start = pid_s * chunk
     split_end = tl.minimum(split_start + chunk, seq_len)
     kv_end = tl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
@@ -391,15 +394,20 @@ def _stage1_program(
     # below kv_end: none for the request's last row block, and for the others none unless
     # kv_end falls on a page boundary, or pages are shorter than qlen), so that every row
     # block of the request marks it alike. Checked first, while nothing else is live: only a
-    # flag is carried through the loops.
+    # flag is carried through the loops. QLEN == 1: every row has the request's limit, so the
+    # loops read every entry the request reads and there is none to check; not compiled, so
+    # that no loop and no branch on the loaded length sit ahead of the first KV load (fd03dc4
+    # vs this check: H16 q1 B1 L8k +9% on the H200, one or two blocks per program; offline
+    # sm_90a, the guard takes that launch's stage 1 from 3440 to 3384 SASS, fd03dc4 3361).
     req_row = pid_b.to(tl.int64) * stride_req_b
-    EXTRA: tl.constexpr = 16
-    pg_lo = tl.where(kv_end > split_start, tl.cdiv(kv_end, PAGE_SIZE), split_start // PAGE_SIZE)
-    pg_end = tl.cdiv(tl.minimum(split_end, req_lim), PAGE_SIZE)
-    for j0 in range(pg_lo, pg_end, EXTRA):
-        offs_j = j0 + tl.arange(0, EXTRA)
-        pages = tl.load(Req_to_Token + req_row + offs_j, mask=offs_j < pg_end, other=0)
-        marked = marked | (tl.max(pages.to(tl.uint32, bitcast=True), axis=0) >= num_pages.to(tl.uint32))
+    if QLEN > 1:
+        EXTRA: tl.constexpr = 16
+        pg_lo = tl.where(kv_end > split_start, tl.cdiv(kv_end, PAGE_SIZE), split_start // PAGE_SIZE)
+        pg_end = tl.cdiv(tl.minimum(split_end, req_lim), PAGE_SIZE)
+        for j0 in range(pg_lo, pg_end, EXTRA):
+            offs_j = j0 + tl.arange(0, EXTRA)
+            pages = tl.load(Req_to_Token + req_row + offs_j, mask=offs_j < pg_end, other=0)
+            marked = marked | (tl.max(pages.to(tl.uint32, bitcast=True), axis=0) >= num_pages.to(tl.uint32))
 
     # Queries of the tile, kept for the whole pass.
     if VARLEN:
@@ -523,7 +531,7 @@ def _fwd_verify_stage1(
     Req_to_Token,  # [B, max_pages] int32
     Seq_Lens,  # [B] int32
     Real_Lens,  # [B] int32 (Seq_Lens when HAS_REAL is False)
-    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32 (o when SINGLE)
+    Mid,  # the split workspace [B*qlen, H, num_kv_splits, Lv + 1] fp32 (o when SINGLE)
     O,  # [B*qlen, H, Lv]
     Lse,  # [B*qlen, H] fp32
     stride_req_b,
@@ -605,7 +613,7 @@ def _fwd_verify_stage1(
                                "kv_capacity", "cp_rank", "num_rows"],
             do_not_specialize_on_alignment=["Qo_Indptr"])
 def _fwd_verify_stage2(
-    Mid,  # [B*qlen, H, num_kv_splits, Lv + 1] fp32
+    Mid,  # the split workspace [B*qlen, H, num_kv_splits, Lv + 1] fp32
     O,  # [B*qlen, H, Lv]
     Lse,  # [B*qlen, H] fp32
     Seq_Lens,
@@ -673,8 +681,7 @@ def _fwd_verify_stage2(
     seq_len = tl.minimum(seq_len, kv_capacity)
     # Same chunking as stage 1; the row's splits are those starting below its limit, the
     # request's those starting below its last row's.
-    chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
-    chunk = tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+    chunk = split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
     n_splits = tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
     n_req = tl.minimum(tl.cdiv(req_lim, chunk), num_kv_splits)
     if VARLEN:

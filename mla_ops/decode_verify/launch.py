@@ -22,26 +22,26 @@ except ImportError:
 
 from .. import checked, platform, spec
 from ..fastpath import launch, persistent, recorded
-from ..host import cache_bounds, cdiv, device_guard, next_power_of_2, public_launcher
-from ..reference import FP8_DTYPES
+from ..gluon_support import select_family
+from ..host import (cache_bounds, cache_geometry, cdiv, device_guard, next_power_of_2,
+                    public_launcher)
+from ..numerics import FP8_DTYPES, exp2_scale
 from . import kernels
-from .configs import GLUON_FAMILY_CONFIG, HIP_LAUNCH_KEYS, select_verify_config
+from .configs import HIP_LAUNCH_KEYS, select_verify_config, verify_facts
 from .gluon_launch import (
     gluon_unsupported_reason,
     gluon_unsupported_shape,
     launch_verify_stage1_gluon,
 )
+from .splits import verify_row_blocks
 
 __all__ = [
     "decode_attention_fwd_verify",
     "select_verify_config",
-    "verify_num_kv_splits",
-    "verify_row_blocks",
     "warmup_decode_attention_fwd_verify",
     "_storage_view",
 ]
 
-_LOG2E = 1.4426950408889634
 _CHECK = spec.python_checks()
 
 # One fp32 1.0 per device: the k_scale of caches that need none. Made outside any capture.
@@ -72,68 +72,10 @@ def _storage_view(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return torch.as_strided(t, shape, strides, 0)
 
 
-def verify_row_blocks(qlen: int, num_heads: int, block_h: int) -> int:
-    """Stage-1 row blocks per request: ``cdiv(qlen * num_heads, block_h)``."""
-    return cdiv(qlen * num_heads, block_h)
-
-
-def verify_num_kv_splits(
-    max_seq_len: int,
-    batch: int,
-    qlen: int,
-    num_heads: int,
-    sm_count: int | None = None,
-    block_h: int | None = None,
-    occupancy: float = 1.0,
-    min_work_per_split: int | None = None,
-    max_splits: int = 8,
-) -> int:
-    """Static upper bound on KV splits (safe to bake into a CUDA graph).
-
-    The kernel splits each request's own length into ``max(cdiv(L, splits), MIN_SPLIT_LEN)``
-    chunks, so this only caps the split count. ``occupancy`` is the number of resident stage-1
-    programs per SM/CU. If one split of every request fits in a single dispatch round, use as
-    many splits as fit in that round; otherwise pick n <= max_splits minimising rounds(n) / n
-    (the idle tail of the last round), preferring fewer splits within 5% of the best.
-
-    Unlike the seed, ``block_h`` and ``min_work_per_split`` default to the config the table
-    selects for this batch (its ``BLOCK_H`` and ``SPLIT_WORK``), and ``sm_count`` to this GPU's:
-    the seed's fixed ``block_h`` of 32 disagrees with the sm_90 table's 16/64-row tiles, which
-    cost up to 2x on the H200 (and twice the workspace at M1).
-    """
-    if block_h is None or min_work_per_split is None:
-        cfg = select_verify_config(batch, qlen, num_heads)
-        block_h = cfg["BLOCK_H"] if block_h is None else block_h
-        min_work_per_split = (cfg["SPLIT_WORK"] if min_work_per_split is None
-                              else min_work_per_split)
-    sm_count = platform.current().sm_count if sm_count is None else sm_count
-    programs_per_split = max(1, batch) * verify_row_blocks(qlen, num_heads, block_h)
-    ideal = cdiv(max(1, max_seq_len), max(1, min_work_per_split))
-    slots = max(1, int(occupancy * sm_count))
-    if programs_per_split <= slots:
-        n = slots // programs_per_split
-    else:
-        cost = [
-            (cdiv(n * programs_per_split, slots) / n, n)
-            for n in range(1, max(1, min(ideal, max_splits)) + 1)
-        ]
-        best = min(c for c, _ in cost)
-        n = min(n for c, n in cost if c <= best * 1.05)
-    return max(1, min(ideal, n, sm_count * 2))
-
-
-def _cache_strides(k_buffer: torch.Tensor, page_size: int) -> tuple[int, int]:
-    """(page stride, token stride) in elements of a 4-D ``[pages, page_size, 1, Lk]`` or 3-D
-    ``[pages * page_size, 1, Lk]`` cache."""
-    if k_buffer.dim() == 4:
-        return k_buffer.stride(0), k_buffer.stride(1)
-    return k_buffer.stride(0) * page_size, k_buffer.stride(0)
-
-
 def _is_sm90_plus(device: torch.device, plat) -> bool:
     """A CUDA GPU of capability 9.0 or more (TMA, programmatic dependent launch)."""
-    return (plat.is_cuda and not plat.interpret and device.type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return (not plat.interpret and device.type == "cuda"
+            and (plat.cuda_capability or (0, 0)) >= (9, 0))
 
 
 def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
@@ -148,8 +90,8 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
     and 16-byte aligned base and strides.
     """
     if not cfg["TMA"] or TensorDescriptor is None or k_buffer.dtype in FP8_DTYPES:
-        # fp8: measured 2.3x slower through TMA on the H200 (M4; benchmarks/NOTES.md v3): the
-        # tile is converted from shared memory in registers either way.
+        # fp8: measured 2.3x slower through TMA on the H200 (M4): the tile is converted from
+        # shared memory in registers either way.
         return None, None
     if not plat.interpret and not _is_sm90_plus(k_buffer.device, plat):
         return None, None
@@ -158,11 +100,10 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
     dpe = Lk - Lv
     if page_size % block_n or cfg["SPLIT_ALIGN"] % block_n or dpe == 0:
         return None, None
-    stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
+    num_pages, stride_kpage, stride_ktok = cache_geometry(k_buffer, page_size)
     esize = k_buffer.element_size()
     if k_buffer.data_ptr() % 16 or (stride_kpage * esize) % 16 or (stride_ktok * esize) % 16:
         return None, None
-    num_pages = k_buffer.shape[0] if k_buffer.dim() == 4 else k_buffer.shape[0] // page_size
     if num_pages == 0:  # nothing to describe (and no key is read: see host.cache_bounds)
         return None, None
     shape = [num_pages, page_size, Lk]
@@ -173,23 +114,30 @@ def _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat):
 
 def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor, Lv: int,
                   config: dict[str, Any] | None = None, *, q_dtype: torch.dtype | None = None,
-                  page_size: int | None = None) -> dict[str, Any]:
+                  page_size: int | None = None, q: torch.Tensor | None = None
+                  ) -> dict[str, Any]:
     """The config a launch of these facts runs: the table's, ``config`` laid over it, and the
     facts of the launch that the table cannot see (a 16-wide Lv cannot be halved by QSPLIT).
 
     The table routes on whether the sm_90 Gluon family covers the launch (``gluon`` fact: GPU,
     triton, dtypes, head dims, page size); that needs ``q_dtype`` and ``page_size`` (without
-    them the fact is False). Both families run a context-parallel rank's launch: the config does
-    not depend on the world size.
+    them the fact is False). Given ``q`` too (the launch's own tensors), a Gluon config that
+    the tensors do not allow (``gluon_unsupported_reason``) falls back to the portable family
+    (:func:`mla_ops.gluon_support.select_family`). Both families run a context-parallel rank's
+    launch: the config does not depend on the world size.
     """
-    fp8 = k_buffer.dtype in FP8_DTYPES
-    gluon = (q_dtype is not None and page_size is not None
-             and gluon_unsupported_shape(k_buffer.device, q_dtype, k_buffer.dtype, num_heads,
-                                         k_buffer.shape[-1], Lv, page_size) is None)
-    if gluon and config and (config.get("family") == "triton" or "family" not in config
-                             and not set(config) <= set(GLUON_FAMILY_CONFIG)):
-        gluon = False  # the portable family asked for, or its keys overridden: its table rule
-    cfg = select_verify_config(batch, qlen, num_heads, fp8=fp8, gluon=gluon, config=config)
+    if q_dtype is None or page_size is None:
+        unsupported = "the launch's q dtype and page size are not given"
+    else:
+        unsupported = gluon_unsupported_shape(k_buffer.device, q_dtype, k_buffer.dtype,
+                                              num_heads, k_buffer.shape[-1], Lv, page_size)
+    tensors_unsupported = None
+    if q is not None:
+        def tensors_unsupported(cfg):
+            return gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg)
+    cfg = select_family("decode_verify",
+                        verify_facts(batch, qlen, num_heads, fp8=k_buffer.dtype in FP8_DTYPES),
+                        config, unsupported, tensors_unsupported)
     if cfg["family"] == "triton" and Lv < 32 and cfg.get("QSPLIT"):
         cfg["QSPLIT"] = 0  # the halves would be narrower than a dot's K of 16
     return cfg
@@ -284,14 +232,7 @@ def decode_attention_fwd_verify(
     if checked.enabled():
         checked.validate_decode_verify(*args)
     cfg = launch_config(batch, qlen, num_heads, k_buffer, Lv, config, q_dtype=q.dtype,
-                        page_size=page_size)
-    if cfg["family"] == "gluon":
-        why = gluon_unsupported_reason(q, k_buffer, page_size, Lv, cfg)
-        if why and config and config.get("family") == "gluon":
-            raise ValueError(f"config: the gluon family cannot run this launch: {why}")
-        if why:  # what only the tensors show (pointer alignment): the portable kernel
-            cfg = select_verify_config(batch, qlen, num_heads, fp8=k_buffer.dtype in FP8_DTYPES,
-                                       config={**(config or {}), "family": "triton"})
+                        page_size=page_size, q=q)
     if batch == 0 or num_heads == 0 or q.shape[0] == 0:
         return
     with device_guard(q.device):
@@ -300,7 +241,7 @@ def decode_attention_fwd_verify(
                 cp_world, cp_rank, cp_interleave, batch, qo_indptr, tree_mask)
 
 
-def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen, attn_logits,
+def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen, workspace,
             num_kv_splits, sm_scale, page_size, k_scale, Lk, Lv, cp_world, cp_rank,
             cp_interleave, batch, qo_indptr, tree_mask):
     """Stage 1, then (several splits) stage 2, of a checked call under its device."""
@@ -309,9 +250,9 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     single = num_kv_splits == 1
     if single:
         # Stage 1 writes o / lse directly; o only stands in for the workspace pointer.
-        mid, mid_strides = o, (0, 0, 0)
+        ws_arg, ws_strides = o, (0, 0, 0)
     else:
-        mid, mid_strides = attn_logits, attn_logits.stride()[:3]
+        ws_arg, ws_strides = workspace, workspace.stride()[:3]
     if k_buffer.dtype not in FP8_DTYPES or k_scale is None:
         k_scale = _unit_scale(q.device)
     has_real = real_seq_lens is not None
@@ -328,15 +269,15 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     num_rows = q.shape[0] if qo_indptr is not None else None
     if cfg["family"] == "gluon":
         launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
-                                   o, lse, attn_logits, qlen, num_kv_splits, sm_scale, page_size,
+                                   o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size,
                                    Lv, cfg, cp_world, cp_rank, cp_interleave, batch=batch,
                                    qo_indptr=qo_indptr, tree_mask=tree_mask)
         if not single:
-            _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides,
+            _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides,
                            qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, False, kv_capacity,
                            batch, qo_indptr, num_rows, drafts, **cp)
         return
-    stride_kpage, stride_ktok = _cache_strides(k_buffer, page_size)
+    _, stride_kpage, stride_ktok = cache_geometry(k_buffer, page_size)
     launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if plat.is_hip:
         launch_kw.update({k: cfg[k] for k in HIP_LAUNCH_KEYS if k in cfg})
@@ -351,9 +292,9 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     persistent = cfg["PERSISTENT"] > 0
     grid = (min(programs, cfg["PERSISTENT"] * plat.sm_count) if persistent else programs,)
     launch(kernels._fwd_verify_stage1, grid,
-        q, k_buffer, k_desc, kpe_desc, sm_scale * _LOG2E, req_to_token, seq_lens, real, mid, o, lse,
+        q, k_buffer, k_desc, kpe_desc, exp2_scale(sm_scale), req_to_token, seq_lens, real, ws_arg, o, lse,
         req_to_token.stride(0), q.stride(0), q.stride(1), stride_kpage, stride_ktok,
-        *mid_strides,
+        *ws_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
         k_scale, batch, num_kv_splits, num_pages, kv_capacity, cp_rank_arg, qo_indptr, tree_mask,
         num_rows,
@@ -381,12 +322,12 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     )
     if single:
         return
-    _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
+    _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides, qlen,
                    num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity, batch,
                    qo_indptr, num_rows, drafts, **cp)
 
 
-def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strides, qlen,
+def _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides, qlen,
                    num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity, batch=None,
                    qo_indptr=None, num_rows=None, drafts=None, CP_WORLD=1, CP_INTERLEAVE=1):
     """The split merge (portable Triton), with the chunking of the config stage 1 ran and the
@@ -398,8 +339,8 @@ def _launch_stage2(cfg, attn_logits, o, lse, seq_lens, real, has_real, mid_strid
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
     tokens = o.shape[0] if batch is None else batch * qlen  # == o.shape[0] without qo_indptr
     launch(kernels._fwd_verify_stage2, (tokens, num_heads, cdiv(Lv, block_dv)),
-        attn_logits, o, lse, seq_lens, real,
-        *mid_strides,
+        workspace, o, lse, seq_lens, real,
+        *ws_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
         num_kv_splits, kv_capacity, cp_rank_arg, qo_indptr, num_rows,
         QLEN=qlen,
@@ -477,10 +418,11 @@ def warmup_decode_attention_fwd_verify(
     representative batch per bucket, or the given ``batches``), with one split and with several
     (``attn_logits.shape[2]`` if given, else 2; every cap > 1 shares one variant), with
     real_seq_lens iff ``has_real``, with ``qo_indptr`` (ragged draft counts, qlen the largest)
-    iff ``varlen`` and with ``tree_mask`` iff ``has_tree``. (Their alignment is not specialized
-    on: any ``qo_indptr`` / ``tree_mask`` tensor runs the variant compiled here.) Each runs once on scratch tensors with the strides (and
-    pointer alignment) of the real ones; no caller-visible tensor is written. Also creates the
-    default ``k_scale`` so that a later capture allocates nothing.
+    iff ``varlen`` and with ``tree_mask`` iff ``has_tree`` (their alignment is not specialized
+    on: any ``qo_indptr`` / ``tree_mask`` tensor runs the variant compiled here). Each runs
+    once on scratch tensors with the strides (and pointer alignment) of the real ones; no
+    caller-visible tensor is written. Also creates the default ``k_scale`` so that a later
+    capture allocates nothing.
 
     Args: as :func:`decode_attention_fwd_verify`; q/o/lse/req_to_token give strides, dtypes and
     heads only (their row counts are free); attn_logits may be None.

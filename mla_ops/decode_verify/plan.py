@@ -2,8 +2,8 @@
 
 A :class:`VerifyPlan` fixes, for one batch bucket (the batch size a CUDA graph is captured
 for), everything the positional API leaves to the caller: the launch config the table selects,
-the split cap (from that config's own ``BLOCK_H`` and ``SPLIT_WORK``, not the seed's
-defaults), the workspace (owned by the plan), and the SM count it planned for. ``run`` takes
+the split cap (from that config's own ``BLOCK_H`` and ``SPLIT_WORK``), the split workspace
+(owned by the plan), and the SM count it planned for. ``run`` takes
 the per-step tensors with the metadata keyword-only (``seq_lens`` and ``real_seq_lens`` cannot
 be swapped), checks the call against the plan — another batch bucket, cache dtype, head count
 or page size is a clear error — and calls ``torch.ops.mla.decode_verify``, so a compiled model
@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import types
+import weakref
 import torch
 
 from .. import platform
 from ..checked import local_length
-from .launch import launch_config, verify_num_kv_splits, warmup_decode_attention_fwd_verify
+from .launch import launch_config, warmup_decode_attention_fwd_verify
+from .splits import verify_num_kv_splits
 
 __all__ = ["VerifyPlan", "plan_verify"]
 
@@ -81,6 +83,8 @@ class VerifyPlan:
     # The (dtype, device, shape) of q and the cache of calls that passed _check: a run with
     # the same ones is not checked again (a set lookup instead of ~20 attribute tests).
     _passed: set = dataclasses.field(default_factory=set, repr=False)
+    # [(a weak reference to the cache, its values view, its address)] of the last run (_values_of).
+    _v_view: list = dataclasses.field(default_factory=lambda: [None], repr=False)
 
     @property
     def workspace_shape(self) -> tuple[int, ...] | None:
@@ -140,15 +144,26 @@ class VerifyPlan:
                                "outside any CUDA-graph capture")
         if qo_indptr is None and tree_mask is None:
             torch.ops.mla.decode_verify(
-                q, kv_cache, kv_cache[..., :self.v_head_dim], o, lse, block_table, seq_lens,
+                q, kv_cache, self._values_of(kv_cache), o, lse, block_table, seq_lens,
                 real_seq_lens, self.qlen, self.workspace, self.num_kv_splits, sm_scale,
                 self.page_size, k_scale, self.cp_world, self.cp_rank, self.cp_interleave)
         else:
             torch.ops.mla.decode_verify(
-                q, kv_cache, kv_cache[..., :self.v_head_dim], o, lse, block_table, seq_lens,
+                q, kv_cache, self._values_of(kv_cache), o, lse, block_table, seq_lens,
                 real_seq_lens, self.qlen, self.workspace, self.num_kv_splits, sm_scale,
                 self.page_size, k_scale, self.cp_world, self.cp_rank, self.cp_interleave,
                 qo_indptr, tree_mask)
+
+    def _values_of(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The latent's first Lv columns: one view per cache (an eager call saves making it),
+        made afresh under tracing (no address to compare)."""
+        if torch.compiler.is_compiling():
+            return kv_cache[..., :self.v_head_dim]
+        seen = self._v_view[0]
+        if seen is None or seen[0]() is not kv_cache or seen[2] != kv_cache.data_ptr():
+            seen = self._v_view[0] = (weakref.ref(kv_cache), kv_cache[..., :self.v_head_dim],
+                                      kv_cache.data_ptr())
+        return seen[1]
 
     def _check(self, q, kv_cache, o, lse, warm: bool = False, qo_indptr=None) -> None:
         if not warm and (qo_indptr is None) == self.varlen:

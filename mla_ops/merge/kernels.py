@@ -36,6 +36,16 @@ def _lse_step(m_i, l_i, lse_p):
     return m_new, m_safe, alpha, w, l_i * alpha + tl.sum(w, axis=0)
 
 
+@triton.jit
+def _program_tile(num_heads, head_dim, BLOCK_D: tl.constexpr):
+    """This program's ``(row, head, pid_d, offs_d, mask_d)``: program 0 runs ``row * H + head``
+    (int64: rows * H may pass 2**31 / D), program 1 the block of ``BLOCK_D`` columns."""
+    pid = tl.program_id(0).to(tl.int64)
+    pid_d = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    return pid // num_heads, pid % num_heads, pid_d, offs_d, offs_d < head_dim
+
+
 @triton.jit(do_not_specialize=["num_parts", "num_heads"])
 def _merge_attn_states(
     O_Parts,  # [P, rows, H, D]
@@ -59,12 +69,7 @@ def _merge_attn_states(
     BLOCK_D: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)  # row * H + head (rows * H may pass 2**31 / D)
-    row = pid // num_heads
-    head = pid % num_heads
-    pid_d = tl.program_id(1)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask_d = offs_d < head_dim
+    row, head, pid_d, offs_d, mask_d = _program_tile(num_heads, head_dim, BLOCK_D)
     p_lse = Lse_Parts + row * stride_lp_m + head * stride_lp_h
     p_o = O_Parts + row * stride_op_m + head * stride_op_h
     m_i = float("-inf")
@@ -118,12 +123,7 @@ def _rescale_attn_partial(
     partials (a reduce-scatter / all-reduce across ranks), these give the merged o. The output's
     heads come in ``C`` chunks of ``heads_per_chunk`` with their own stride, so that a
     reduce-scatter's input ``[C, rows, H / C, D]`` is written in place, without a transpose."""
-    pid = tl.program_id(0).to(tl.int64)
-    row = pid // num_heads
-    head = pid % num_heads
-    pid_d = tl.program_id(1)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask_d = offs_d < head_dim
+    row, head, pid_d, offs_d, mask_d = _program_tile(num_heads, head_dim, BLOCK_D)
     p_lse = Lse_Parts + row * stride_lp_m + head * stride_lp_h
     m_i = float("-inf")
     l_i = 0.0

@@ -57,24 +57,12 @@ def merge_attn_states(o_parts, lse_parts, o, lse=None) -> None:
     num_parts, rows, heads, dim = _CHECK["merge_attn_states"](o_parts, lse_parts, o, lse)
     if checked.enabled():
         checked.validate_merge_attn_states(o_parts, lse_parts, o, lse)
-    if rows == 0 or heads == 0 or dim == 0:
-        return
-    block_d = min(next_power_of_2(dim), _MAX_BLOCK_D)
-    block_p = min(next_power_of_2(num_parts), _MAX_BLOCK_P)
-    lse_strides = lse.stride() if lse is not None else (0, 0)
-    with device_guard(o.device):
-        launch(kernels._merge_attn_states, (rows * heads, cdiv(dim, block_d)),
+    _launch(kernels._merge_attn_states, rows, heads, dim, num_parts, lse,
             o_parts, lse_parts, o, lse,
             num_parts, heads, dim,
             *o_parts.stride()[:3],
             *lse_parts.stride(),
-            *o.stride()[:2],
-            *lse_strides,
-            BLOCK_P=block_p,
-            BLOCK_D=block_d,
-            WRITE_LSE=lse is not None,
-            num_warps=4,
-        )
+            *o.stride()[:2])
 
 
 @public_launcher("rescale_attn_partial", ".reference:rescale_attn_partial_op_ref")
@@ -105,25 +93,28 @@ def rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out=None) -> None:
     if checked.enabled():
         checked.validate_rescale_attn_partial(o_part, lse_parts, part, o_out, lse_out)
     chunks = o_out.shape[1] if o_out.dim() == 4 else 1
-    if rows == 0 or heads == 0 or dim == 0:
-        return
     if o_out.dim() == 3:
         out_strides = (o_out.stride(0), 0, o_out.stride(1))
     else:
         out_strides = o_out.stride()[:3]
-    block_d = min(next_power_of_2(dim), _MAX_BLOCK_D)
-    block_p = min(next_power_of_2(num_parts), _MAX_BLOCK_P)
-    lse_strides = lse_out.stride() if lse_out is not None else (0, 0)
-    with device_guard(o_part.device):
-        launch(kernels._rescale_attn_partial, (rows * heads, cdiv(dim, block_d)),
+    _launch(kernels._rescale_attn_partial, rows, heads, dim, num_parts, lse_out,
             o_part, lse_parts, o_out, lse_out,
             part, num_parts, heads, dim, heads // chunks,
             *o_part.stride()[:2],
             *lse_parts.stride(),
-            *out_strides,
-            *lse_strides,
-            BLOCK_P=block_p,
-            BLOCK_D=block_d,
-            WRITE_LSE=lse_out is not None,
-            num_warps=4,
-        )
+            *out_strides)
+
+
+def _launch(kernel, rows: int, heads: int, dim: int, num_parts: int, lse_out, *args) -> None:
+    """Launch a merge kernel under the device of its tensors: one program per (row, head) and
+    block of up to ``_MAX_BLOCK_D`` columns, the partials read ``_MAX_BLOCK_P`` at a time.
+    ``args``: the kernel's arguments up to the strides of ``lse_out``, which follow them (0
+    where ``lse_out`` is None: then no LSE is written)."""
+    if rows == 0 or heads == 0 or dim == 0:
+        return
+    block_d = min(next_power_of_2(dim), _MAX_BLOCK_D)
+    block_p = min(next_power_of_2(num_parts), _MAX_BLOCK_P)
+    lse_strides = lse_out.stride() if lse_out is not None else (0, 0)
+    with device_guard(args[0].device):
+        launch(kernel, (rows * heads, cdiv(dim, block_d)), *args, *lse_strides,
+               BLOCK_P=block_p, BLOCK_D=block_d, WRITE_LSE=lse_out is not None, num_warps=4)

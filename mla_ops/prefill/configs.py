@@ -52,14 +52,14 @@ _GENERIC = {
     ],
 }
 
-# Seed 001 (Radeon 8060S): the RDNA tile of vllm-project#58225 (BLOCK_N capped at 32; 4 warps
+# Radeon 8060S measurements: the RDNA tile of vllm-project#58225 (BLOCK_N capped at 32; 4 warps
 # at head dim 64, 8 above), and the narrow tile BLOCK_N=16 with 4 warps taken only for the
 # (64, 16) split with the alignment hint on; a padded 72-wide view (no hint, scalar loads)
 # keeps the wider tile, where the narrow one regresses (2.676 vs 2.449 ms). No waves_per_eu
 # override helped, so none is set.
 _GFX1151 = {
     "arch": "gfx1151",
-    "source": "seed 001 (Radeon 8060S)",
+    "source": "Radeon 8060S measurements",
     "rules": [
         {"match": {"split": "64+16", "aligned": True},
          "config": {"BLOCK_M": 128, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}},

@@ -63,7 +63,6 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
 VERIFIED_HEAD_DIMS = (64, 72, 80, 96, 128, 256)
 
 SMEM_LIMIT = 232448  # bytes of shared memory a CTA may have on sm_90 (227 KB)
-_LOG2E = 1.4426950408889634
 
 # The kernels (None where they do not import) and gluon_available(): None, or why not.
 _gk, gluon_available = load_kernels(__package__)

@@ -19,9 +19,11 @@ import torch
 import triton
 
 from .. import checked, fastpath, spec, tuning
+from ..gluon_support import select_family
 from ..host import cdiv, device_guard, next_power_of_2, public_launcher
+from ..numerics import exp2_scale
 from ..platform import current
-from .configs import select_prefill_config
+from .configs import prefill_facts
 from .gluon_launch import (
     GLUON_DEFAULT_CONFIG,
     gluon_unsupported_reason,
@@ -38,7 +40,6 @@ __all__ = [
     "Launch",
 ]
 
-_LOG2E = 1.4426950408889634
 _CHECK = spec.python_checks()
 
 
@@ -120,33 +121,27 @@ def build_launch(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_causal=Tr
         strides_ok = True
     aligned = strides_ok and want.get("aligned", True)
     windowed = bool(sliding_window_q) or bool(sliding_window_k)
-    gluon = strides_ok and gluon_unsupported_shape(q.device, q.dtype, head_dim, split,
-                                                   windowed) is None
-    if gluon and config and (config.get("family") == "triton" or "family" not in config
-                             and not set(config) <= set(GLUON_DEFAULT_CONFIG)):
-        gluon = False  # the portable family asked for, or its keys overridden: its table rule
-    cfg = select_prefill_config(head_dim, split, aligned, is_causal, config, gluon=gluon)
+    if strides_ok:
+        unsupported = gluon_unsupported_shape(q.device, q.dtype, head_dim, split, windowed)
+    else:
+        unsupported = "token / head strides not multiples of 8 elements"
+    cfg = select_family("prefill", prefill_facts(head_dim, split, aligned, is_causal), config,
+                        unsupported,
+                        lambda c: gluon_unsupported_reason(q, k, v, o, split, windowed, c))
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     if cfg["family"] == "gluon":
-        why = gluon_unsupported_reason(q, k, v, o, split, windowed, cfg)
-        if why and config and config.get("family") == "gluon":
-            raise ValueError(f"config: the gluon family cannot run this launch: {why}")
-        if not why:
-            kwargs = dict(q=q, k=k, v=v, o=o, b_start_loc=b_start_loc, b_seq_len=b_seq_len,
-                          max_input_len=max_input_len, is_causal=bool(is_causal),
-                          qk_scale=float(softmax_scale) * _LOG2E, sinks=sinks, split=split,
-                          cfg={key: cfg[key] for key in GLUON_DEFAULT_CONFIG})
-            grid = (_row_blocks(max_input_len, cfg["BLOCK_M"]), q.shape[1], batch)
-            return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied,
-                          family="gluon")
-        # What only the tensors show (a base pointer off 16 bytes): the portable kernel.
-        cfg = select_prefill_config(head_dim, split, aligned, is_causal,
-                                    {**(config or {}), "family": "triton"})
+        kwargs = dict(q=q, k=k, v=v, o=o, b_start_loc=b_start_loc, b_seq_len=b_seq_len,
+                      max_input_len=max_input_len, is_causal=bool(is_causal),
+                      qk_scale=exp2_scale(softmax_scale), sinks=sinks, split=split,
+                      cfg={key: cfg[key] for key in GLUON_DEFAULT_CONFIG})
+        grid = (_row_blocks(max_input_len, cfg["BLOCK_M"]), q.shape[1], batch)
+        return Launch(grid=grid, kwargs=kwargs, copied=copied is not None, out=copied,
+                      family="gluon")
     kwargs = dict(
         Q=q, K=k, V=v, O=o, Sinks=sinks if sinks is not None else q,
         B_Start_Loc=b_start_loc, B_Seq_Len=b_seq_len,
-        qk_scale=float(softmax_scale) * _LOG2E,
+        qk_scale=exp2_scale(softmax_scale),
         window_q=int(sliding_window_q or 0), window_k=int(sliding_window_k or 0),
         stride_qt=q.stride(0), stride_qh=q.stride(1),
         stride_kt=k.stride(0), stride_kh=k.stride(1),

@@ -1,0 +1,82 @@
+"""How a request's keys are split across programs: the split cap the host chooses and the
+chunking every kernel applies to it, in one module so that they cannot disagree.
+
+The host picks a static cap ``num_kv_splits`` (:func:`verify_num_kv_splits`, safe to bake into
+a CUDA graph). Each kernel then cuts a request of length ``L`` into chunks of
+:func:`split_chunk` keys, ``max(cdiv(L, num_kv_splits), MIN_SPLIT_LEN)`` rounded up to
+``SPLIT_ALIGN``: split ``s`` covers ``[s * chunk, min((s + 1) * chunk, L))``, so a short request
+uses fewer splits than the cap. The portable stage 1, the Gluon stage 1 and the stage-2 merge
+all call :func:`split_chunk` with the same config's ``SPLIT_ALIGN`` and ``MIN_SPLIT_LEN``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import platform
+from ..host import cdiv
+
+__all__ = ["split_chunk", "verify_num_kv_splits", "verify_row_blocks"]
+
+
+@triton.jit
+def split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN: tl.constexpr, MIN_SPLIT_LEN: tl.constexpr):
+    """Keys per split of a request of ``seq_len`` keys (scalar or tensor; plain integer
+    arithmetic, so the Gluon kernels call it too)."""
+    chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
+    return tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+
+
+def verify_row_blocks(qlen: int, num_heads: int, block_h: int) -> int:
+    """Stage-1 row blocks per request: ``cdiv(qlen * num_heads, block_h)``."""
+    return cdiv(qlen * num_heads, block_h)
+
+
+def verify_num_kv_splits(
+    max_seq_len: int,
+    batch: int,
+    qlen: int,
+    num_heads: int,
+    sm_count: int | None = None,
+    block_h: int | None = None,
+    occupancy: float = 1.0,
+    min_work_per_split: int | None = None,
+    max_splits: int = 8,
+) -> int:
+    """Static upper bound on KV splits (safe to bake into a CUDA graph).
+
+    The kernels chunk each request's own length (:func:`split_chunk`), so this only caps the
+    split count. ``occupancy`` is the number of resident stage-1 programs per SM/CU. If one
+    split of every request fits in a single dispatch round, use as many splits as fit in that
+    round; otherwise pick n <= max_splits minimising rounds(n) / n (the idle tail of the last
+    round), preferring fewer splits within 5% of the best.
+
+    ``block_h`` and ``min_work_per_split`` default to the config the table selects for this
+    batch (its ``BLOCK_H`` and ``SPLIT_WORK``), and ``sm_count`` to this GPU's: the programs per
+    split, and so the cap, follow the tile the launch will run (a fixed 32-row guess disagrees
+    with the sm_90 table's 16/64-row tiles, which cost up to 2x on the H200 and twice the
+    workspace at M1).
+    """
+    if block_h is None or min_work_per_split is None:
+        # Imported here: configs -> gluon_launch -> gluon_kernels -> kernels -> this module.
+        from .configs import select_verify_config
+
+        cfg = select_verify_config(batch, qlen, num_heads)
+        block_h = cfg["BLOCK_H"] if block_h is None else block_h
+        min_work_per_split = (cfg["SPLIT_WORK"] if min_work_per_split is None
+                              else min_work_per_split)
+    sm_count = platform.current().sm_count if sm_count is None else sm_count
+    programs_per_split = max(1, batch) * verify_row_blocks(qlen, num_heads, block_h)
+    ideal = cdiv(max(1, max_seq_len), max(1, min_work_per_split))
+    slots = max(1, int(occupancy * sm_count))
+    if programs_per_split <= slots:
+        n = slots // programs_per_split
+    else:
+        cost = [
+            (cdiv(n * programs_per_split, slots) / n, n)
+            for n in range(1, max(1, min(ideal, max_splits)) + 1)
+        ]
+        best = min(c for c, _ in cost)
+        n = min(n for c, n in cost if c <= best * 1.05)
+    return max(1, min(ideal, n, sm_count * 2))
