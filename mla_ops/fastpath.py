@@ -620,12 +620,14 @@ def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Call
         @functools.wraps(launcher)
         def call(*args, **kwargs):
             nonlocal names
-            if _cpp_route[0] and args and type(args[0]) is _Tensor and (args[0].is_cuda or _cpp_route[1]):
+            if _cpp_route[0]:
                 if names is None:
                     from .host import _op_args
 
-                    names = frozenset(_op_args(op))
-                if not kwargs or names.issuperset(kwargs):
+                    names = _op_args(op)
+                first = args[0] if args else kwargs.get(names[0])
+                if type(first) is _Tensor and (first.is_cuda or _cpp_route[1]) and (
+                        not kwargs or all(k in names for k in kwargs)):
                     return getattr(torch.ops.mla, op).default(*args, **kwargs)
             return python_path(args, kwargs, False)
 

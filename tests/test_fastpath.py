@@ -173,8 +173,26 @@ def _merge_call(rng: random.Random, twin: str | None = None):
     return make
 
 
+def _encoder_call(rng: random.Random, twin: str | None = None):
+    """Random encoder arguments (head dims split into a power of 2 and a tail, causal or not,
+    fp16/bf16); ``twin`` changes the head dim."""
+    from builders import encoder_case
+
+    d = rng.choice([64, 72, 80, 128]) + 8 * (twin is not None)
+    lens = [rng.randint(1, 300) for _ in range(rng.choice([1, 2, 3]))]
+    causal, dtype = rng.random() < 0.5, rng.choice([torch.float16, torch.bfloat16])
+
+    def make():
+        case = encoder_case("cpu", lens=lens, hq=4, hkv=4, d=d, dtype=dtype, causal=causal)
+        return tuple(case.op_args().values())
+
+    return make
+
+
 CALLS = {"decode_verify": (mla_ops.decode_attention_fwd_verify, _decode_call),
          "merge_attn_states": (merge_attn_states, _merge_call)}
+# The C++ dry run also replays the encoder (the Python replay check above predates it).
+CPP_CALLS = {**CALLS, "context_attention": (mla_ops.context_attention_fwd, _encoder_call)}
 
 
 def _compare(recorded, args) -> None:
@@ -366,7 +384,7 @@ def _cpp_compare(recorded, args) -> bool:
 
 def _cpp_check(op: str, n: int, seed: int) -> int:
     """As _check_replays, through the op and the C++ replays."""
-    public, recipe = CALLS[op]
+    public, recipe = CPP_CALLS[op]
     recorded = public.__wrapped__  # calls the op
     makes = [recipe(random.Random(seed * 1000 + i), twin) for i in range(n)
              for twin in (None, *TWINS)]
@@ -391,7 +409,7 @@ def cpp_dry_run():
         lib = torch.library.Library("mla", "IMPL")
         override = ({"allow_override": True} if "allow_override" in
                     inspect.signature(torch.library.Library.impl).parameters else {})
-        for op, (public, _) in CALLS.items():
+        for op, (public, _) in CPP_CALLS.items():
             lib.impl(op, public.op_kernel, "CPU", **override)
         fastpath.sync()
         try:
@@ -412,7 +430,7 @@ def _cpp_main() -> None:  # in a subprocess without TRITON_INTERPRET
     cpp = fastpath._cpp()
     out = {}
     with cpp_dry_run():
-        for op in sorted(CALLS):
+        for op in sorted(CPP_CALLS):
             out[op] = _cpp_check(op, 8, seed=2)
         out["stats"] = cpp.stats()
         for field in CPP_MUTANTS:
@@ -438,7 +456,7 @@ def cpp_results():
     return run_in_subprocess("tests.test_fastpath", "_cpp_main", 600)[0][0]
 
 
-@pytest.mark.parametrize("op", sorted(CALLS))
+@pytest.mark.parametrize("op", sorted(CPP_CALLS))
 def test_a_cpp_replay_passes_what_tritons_launcher_passes(op, cpp_results):
     # (a mismatch raises in _cpp_main); the first round records, the two others replay (a
     # geometry that makes a scratch tensor never does)
