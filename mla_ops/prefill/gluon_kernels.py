@@ -35,8 +35,8 @@ are never stored). Nothing is padded to the next power of two.
 
 With ``PIPELINE``, ptxas moved the P.V wait above the softmax (where nothing then overlapped);
 a shared-memory store of the row sums just before the wait keeps it below (``_step``). On the
-H200 none of the schedules moved the time by more than a few percent; the sm_90 table picks one
-per head-dim split.
+H200 none of the schedules moved the time by more than a few percent (benchmarks/NOTES.md, v5);
+the sm_90 table picks one per head-dim split.
 
 **Masks.** A group's key blocks are walked in two loops: the blocks every row of the group sees
 whole (no mask code at all), then the rest (the sequence end; causal: the diagonal), where
@@ -70,11 +70,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
-# Shared with the portable kernel: log2(e), the finite "minus infinity" of the running max, and
-# the clamping of a sequence's metadata into the packed tokens.
-from .kernels import _LOG2E, _NEG_BIG, _clamp_sequence
 
 _BM = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
+_NEG_BIG = gl.constexpr(-1.0e30)
+_LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
@@ -88,9 +87,12 @@ def _tile(B_Start_Loc, B_Seq_Len, total_tokens, IS_CAUSAL: gl.constexpr, BLOCK_N
     if IS_CAUSAL:
         # Tiles at the end of a sequence see the most keys: start them first.
         pid_m = gl.num_programs(0) - 1 - pid_m
-    seq_start, seq_len, marked = _clamp_sequence(gl.load(B_Start_Loc + batch).to(gl.int64),
-                                                 gl.load(B_Seq_Len + batch).to(gl.int64),
-                                                 total_tokens)
+    seq_start = gl.load(B_Start_Loc + batch).to(gl.int64)
+    seq_len = gl.load(B_Seq_Len + batch).to(gl.int64)
+    seq_end = seq_start + seq_len  # int64: start + len may pass int32
+    marked = (seq_start < 0) | (seq_len < 0) | (seq_end > total_tokens)
+    seq_start = gl.minimum(gl.maximum(seq_start, 0), total_tokens)
+    seq_len = (gl.minimum(gl.maximum(seq_end, seq_start), total_tokens) - seq_start).to(gl.int32)
     seq_start = seq_start.to(gl.int32)
     m_start = pid_m * (2 * _BM)
     kv_hi = seq_len

@@ -25,59 +25,9 @@ path pays a few scalar instructions per program and one ``[BLOCK_M]`` select in 
 import triton
 import triton.language as tl
 
-from ..numerics import LOG2E
-
-_LOG2E = tl.constexpr(LOG2E)
-
 # A finite "minus infinity" for the running max: a row that has seen only masked keys keeps
 # m = _NEG_BIG, so exp2(m_old - m_new) is exp2(0) = 1 and never the NaN of (-inf) - (-inf).
 _NEG_BIG = tl.constexpr(-1.0e30)
-
-
-@triton.jit
-def _clamp_sequence(seq_start, seq_len, total_tokens):
-    """A sequence's int64 ``(start, length)`` clamped into the packed tokens
-    ``[0, total_tokens)``: ``(start int64, length int32, marked)``, ``marked`` where it was not
-    inside them (its rows get o = NaN). Plain integer arithmetic: the Gluon kernel calls it too."""
-    seq_end = seq_start + seq_len  # int64: start + len may pass int32
-    marked = (seq_start < 0) | (seq_len < 0) | (seq_end > total_tokens)
-    start = tl.minimum(tl.maximum(seq_start, 0), total_tokens)
-    length = (tl.minimum(tl.maximum(seq_end, start), total_tokens) - start).to(tl.int32)
-    return start, length, marked
-
-
-@triton.jit
-def _sequence(B_Start_Loc, B_Seq_Len, batch, total_tokens):
-    """:func:`_clamp_sequence` of sequence ``batch`` as the metadata holds it."""
-    return _clamp_sequence(tl.load(B_Start_Loc + batch).to(tl.int64),
-                           tl.load(B_Seq_Len + batch).to(tl.int64), total_tokens)
-
-
-@triton.jit
-def _aligned_8(offset, ALIGNED_8: tl.constexpr):
-    """``offset``, hinted a multiple of 8 elements where every stride is (``ALIGNED_8``)."""
-    if ALIGNED_8:
-        return tl.multiple_of(offset, 8)
-    else:
-        return offset
-
-
-@triton.jit
-def _load_kv(desc, ptrs, col0, start, stride, n_ok, c_ok, USE_TMA: tl.constexpr,
-             MASKED: tl.constexpr, MASK_C: tl.constexpr):
-    """The ``[BLOCK_N, width]`` K or V tile of keys ``start + [0, BLOCK_N)``, lanes from
-    ``col0``: through the descriptor ``desc`` (the copy engine zero-fills what lies past the
-    sequence or the head dim), else from ``ptrs`` (the tile at key 0), masked by the keys in the
-    sequence ``n_ok`` and the lanes in the head dim ``c_ok`` where ``MASKED``, by the lanes
-    alone where only ``MASK_C``."""
-    if USE_TMA:
-        return desc.load([start, col0])
-    elif MASKED:
-        return tl.load(ptrs + start * stride, mask=n_ok[:, None] & c_ok[None, :], other=0.0)
-    elif MASK_C:
-        return tl.load(ptrs + start * stride, mask=c_ok[None, :], other=0.0)
-    else:
-        return tl.load(ptrs + start * stride)
 
 
 @triton.jit
@@ -120,12 +70,24 @@ def _attn_block(
         start = tl.multiple_of(start, BLOCK_N)
         n_ok = (start + offs_n) < seq_len  # [BLOCK_N]
         # --- S = Q K^T over the main lanes, then accumulated over the tail lanes
-        k = _load_kv(k_desc, p_k, 0, start, stride_kt, n_ok, d_ok,
-                     USE_TMA, MASKED, MASK_D)  # [BLOCK_N, BLOCK_D]
+        if USE_TMA:
+            k = k_desc.load([start, 0])  # [BLOCK_N, BLOCK_D]
+        elif MASKED:
+            k = tl.load(p_k + start * stride_kt, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        elif MASK_D:
+            k = tl.load(p_k + start * stride_kt, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(p_k + start * stride_kt)
         qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
         if BLOCK_D_TAIL > 0:
-            k_t = _load_kv(kt_desc, p_kt, BLOCK_D, start, stride_kt, n_ok, dt_ok,
-                           USE_TMA, MASKED, MASK_DT)  # [BLOCK_N, BLOCK_D_TAIL]
+            if USE_TMA:
+                k_t = kt_desc.load([start, BLOCK_D])  # [BLOCK_N, BLOCK_D_TAIL]
+            elif MASKED:
+                k_t = tl.load(p_kt + start * stride_kt, mask=n_ok[:, None] & dt_ok[None, :], other=0.0)
+            elif MASK_DT:
+                k_t = tl.load(p_kt + start * stride_kt, mask=dt_ok[None, :], other=0.0)
+            else:
+                k_t = tl.load(p_kt + start * stride_kt)
             qk = tl.dot(q_t, tl.trans(k_t), qk)
 
         # --- online softmax in base 2 (qk_scale = softmax_scale * log2(e))
@@ -149,13 +111,25 @@ def _attn_block(
         m_i = m_new
 
         # --- O += P V, one accumulator per lane block
-        v = _load_kv(v_desc, p_v, 0, start, stride_vt, n_ok, d_ok,
-                     USE_TMA, MASKED, MASK_D)  # [BLOCK_N, BLOCK_D]
+        if USE_TMA:
+            v = v_desc.load([start, 0])  # [BLOCK_N, BLOCK_D]
+        elif MASKED:
+            v = tl.load(p_v + start * stride_vt, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        elif MASK_D:
+            v = tl.load(p_v + start * stride_vt, mask=d_ok[None, :], other=0.0)
+        else:
+            v = tl.load(p_v + start * stride_vt)
         p_lo = p.to(v.dtype)
         acc = tl.dot(p_lo, v, acc * alpha[:, None])  # [BLOCK_M, BLOCK_D]
         if BLOCK_D_TAIL > 0:
-            v_t = _load_kv(vt_desc, p_vt, BLOCK_D, start, stride_vt, n_ok, dt_ok,
-                           USE_TMA, MASKED, MASK_DT)  # [BLOCK_N, BLOCK_D_TAIL]
+            if USE_TMA:
+                v_t = vt_desc.load([start, BLOCK_D])  # [BLOCK_N, BLOCK_D_TAIL]
+            elif MASKED:
+                v_t = tl.load(p_vt + start * stride_vt, mask=n_ok[:, None] & dt_ok[None, :], other=0.0)
+            elif MASK_DT:
+                v_t = tl.load(p_vt + start * stride_vt, mask=dt_ok[None, :], other=0.0)
+            else:
+                v_t = tl.load(p_vt + start * stride_vt)
             acc_t = tl.dot(p_lo, v_t, acc_t * alpha[:, None])  # [BLOCK_M, BLOCK_D_TAIL]
     return acc, acc_t, m_i, l_i
 
@@ -198,9 +172,13 @@ def context_attention_kernel(
         # the last wave is made of short programs.
         pid_m = tl.num_programs(0) - 1 - pid_m
 
-    # The sequence clamped into the packed tokens; whether it is marked (o = NaN) is read again
-    # in the epilogue.
-    seq_start, seq_len, _ = _sequence(B_Start_Loc, B_Seq_Len, cur_batch, total_tokens)
+    # The sequence clamped into the packed tokens (int64: start + len may pass int32); marked
+    # (o = NaN) if it was not inside them.
+    seq_start = tl.load(B_Start_Loc + cur_batch).to(tl.int64)
+    seq_len = tl.load(B_Seq_Len + cur_batch).to(tl.int64)
+    seq_end = seq_start + seq_len
+    seq_start = tl.minimum(tl.maximum(seq_start, 0), total_tokens)
+    seq_len = (tl.minimum(tl.maximum(seq_end, seq_start), total_tokens) - seq_start).to(tl.int32)
     m_start = pid_m * BLOCK_M
     if m_start >= seq_len:
         return
@@ -209,10 +187,15 @@ def context_attention_kernel(
     # Head-axis offsets hoisted into locals so the alignment hint has something to annotate
     # (a hint on a kernel argument itself is dropped; the products below carry it, and the
     # token strides get theirs through the row offsets further down).
-    off_qh = _aligned_8(cur_head * stride_qh, HEAD_STRIDE_ALIGNED_8)
-    off_kh = _aligned_8(cur_kv_head * stride_kh, HEAD_STRIDE_ALIGNED_8)
-    off_vh = _aligned_8(cur_kv_head * stride_vh, HEAD_STRIDE_ALIGNED_8)
-    off_oh = _aligned_8(cur_head * stride_oh, HEAD_STRIDE_ALIGNED_8)
+    off_qh = cur_head * stride_qh
+    off_kh = cur_kv_head * stride_kh
+    off_vh = cur_kv_head * stride_vh
+    off_oh = cur_head * stride_oh
+    if HEAD_STRIDE_ALIGNED_8:
+        off_qh = tl.multiple_of(off_qh, 8)
+        off_kh = tl.multiple_of(off_kh, 8)
+        off_vh = tl.multiple_of(off_vh, 8)
+        off_oh = tl.multiple_of(off_oh, 8)
 
     # A sequence longer than the grid reaches (max_input_len too small): the last row-block
     # program first writes NaN into its rows past the grid (never taken for valid metadata).
@@ -236,12 +219,18 @@ def context_attention_kernel(
     d_ok = offs_d < HEAD_DIM
 
     # int64 token offsets: total * stride can pass 2**31 for long packed batches.
-    row_q = _aligned_8((seq_start + offs_m) * stride_qt, HEAD_STRIDE_ALIGNED_8)  # [BLOCK_M]
-    row_o = _aligned_8((seq_start + offs_m) * stride_ot, HEAD_STRIDE_ALIGNED_8)
+    row_q = (seq_start + offs_m) * stride_qt  # [BLOCK_M]
+    row_o = (seq_start + offs_m) * stride_ot
+    if HEAD_STRIDE_ALIGNED_8:
+        row_q = tl.multiple_of(row_q, 8)
+        row_o = tl.multiple_of(row_o, 8)
     p_q = Q + off_qh + row_q[:, None] + offs_d[None, :]  # [BLOCK_M, BLOCK_D]
     q = tl.load(p_q, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    row_k = _aligned_8((seq_start + offs_n) * stride_kt, HEAD_STRIDE_ALIGNED_8)  # [BLOCK_N]
-    row_v = _aligned_8((seq_start + offs_n) * stride_vt, HEAD_STRIDE_ALIGNED_8)
+    row_k = (seq_start + offs_n) * stride_kt  # [BLOCK_N]
+    row_v = (seq_start + offs_n) * stride_vt
+    if HEAD_STRIDE_ALIGNED_8:
+        row_k = tl.multiple_of(row_k, 8)
+        row_v = tl.multiple_of(row_v, 8)
     p_k = K + off_kh + row_k[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     p_v = V + off_vh + row_v[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
 
@@ -285,7 +274,7 @@ def context_attention_kernel(
     if HAS_SINKS:
         # The sink is a null logit in natural-log units, outside the softmax scale: start the
         # running softmax as if one key of logit `sink` had been seen with a zero value.
-        sink = tl.load(Sinks + cur_head).to(tl.float32) * _LOG2E
+        sink = tl.load(Sinks + cur_head).to(tl.float32) * 1.4426950408889634
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
     else:
@@ -313,27 +302,32 @@ def context_attention_kernel(
     mid_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo), hi_blk)
     mid_hi = tl.minimum(tl.maximum((full_hi // BLOCK_N) * BLOCK_N, mid_lo), hi_blk)
 
-    # Three ranges in order, unrolled at compile time: [lo, mid_lo) masked, the interior
-    # [mid_lo, mid_hi) without masks, [mid_hi, hi_blk) masked.
-    for part in tl.static_range(3):
-        if part == 0:
-            start_n, end_n = lo, mid_lo
-        elif part == 1:
-            start_n, end_n = mid_lo, mid_hi
-        else:
-            start_n, end_n = mid_hi, hi_blk
-        acc, acc_t, m_i, l_i = _attn_block(
-            acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
-            offs_m, offs_n, seq_len,
-            start_n, end_n, qk_scale, window_q, window_k, stride_kt, stride_vt,
-            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-            part != 1, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
+    acc, acc_t, m_i, l_i = _attn_block(
+        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
+        offs_m, offs_n, seq_len,
+        lo, mid_lo, qk_scale, window_q, window_k, stride_kt, stride_vt,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
+        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
+    acc, acc_t, m_i, l_i = _attn_block(
+        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
+        offs_m, offs_n, seq_len,
+        mid_lo, mid_hi, qk_scale, window_q, window_k, stride_kt, stride_vt,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
+        False, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
+    acc, acc_t, m_i, l_i = _attn_block(
+        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
+        offs_m, offs_n, seq_len,
+        mid_hi, hi_blk, qk_scale, window_q, window_k, stride_kt, stride_vt,
+        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
+        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
 
     # --- epilogue: every real row saw at least its own key (or the sink), so l_i > 0 there.
     inv_l = 1.0 / tl.where(m_ok, l_i, 1.0)  # [BLOCK_M]; rows past the sequence are not stored
     # A marked sequence (its metadata read again here rather than held in a register across
     # the main loop: at D 96 that spilled), and rows from max_input_len on: NaN.
-    _, _, marked = _sequence(B_Start_Loc, B_Seq_Len, cur_batch, total_tokens)
+    raw_start = tl.load(B_Start_Loc + cur_batch).to(tl.int64)
+    raw_len = tl.load(B_Seq_Len + cur_batch).to(tl.int64)
+    marked = (raw_start < 0) | (raw_len < 0) | (raw_start + raw_len > total_tokens)
     inv_l = tl.where(marked | (offs_m >= max_input_len), float("nan"), inv_l)
     p_o = O + off_oh + row_o[:, None] + offs_d[None, :]  # [BLOCK_M, BLOCK_D]
     tl.store(p_o, (acc * inv_l[:, None]).to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
