@@ -820,15 +820,20 @@ def test_gpu_capture_replay_new_offsets_and_masks(device, family, fp8):
                         lens=tuple(lens.tolist()),
                         page=page, draft_counts=counts, extra_rows=rows - sum(counts),
                         trees=[random_ancestor_tree(n, gen) for n in counts])
-        new = _with(new, k_buffer=kv, v_buffer=kv[..., :512], k_scale=k_scale)
+        # The new table is a permutation of all the cache's pages, spare ones included, which
+        # are NaN in the captured cache (poison_past_end): the new cache goes in too.
+        assert new.k_buffer.shape == kv.shape and new.k_buffer.dtype == kv.dtype
+        if fp8:
+            assert torch.equal(new.k_scale, k_scale)
         for dst, src in ((q, new.q), (table, new.req_to_token), (seq_lens, new.seq_lens),
-                         (indptr, new.qo_indptr), (tree, new.tree_mask)):
+                         (indptr, new.qo_indptr), (tree, new.tree_mask), (kv, new.k_buffer)):
             dst.copy_(src)
         o.fill_(float("nan"))
         lse.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        _with(new, q=q).assert_matches(o, lse)
+        _with(new, q=q, k_buffer=kv, v_buffer=kv[..., :512], k_scale=k_scale
+              ).assert_matches(o, lse)
 
 
 @pytest.mark.gpu
