@@ -226,6 +226,7 @@ def _fact(v: Any) -> Any:
 
 _Tensor = torch.Tensor
 _SCALARS = (int, float, bool, type(None))
+_PLAIN = frozenset((_Tensor, *_SCALARS))  # what a public call may hand the op as it is
 
 
 def _key(op: str, values: tuple, plat) -> tuple | None:
@@ -626,8 +627,11 @@ def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Call
 
                     names = _op_args(op)
                 first = args[0] if args else kwargs.get(names[0])
-                if type(first) is _Tensor and (first.is_cuda or _cpp_route[1]) and (
-                        not kwargs or all(k in names for k in kwargs)):
+                # Only arguments the op's schema takes as they are: anything else (a list where
+                # a tensor goes, a tensor subclass) takes the Python path, whose checks name it.
+                if type(first) is _Tensor and (first.is_cuda or _cpp_route[1]) and all(
+                        type(v) in _PLAIN for v in args) and (not kwargs or all(
+                        k in names and type(v) in _PLAIN for k, v in kwargs.items())):
                     return getattr(torch.ops.mla, op).default(*args, **kwargs)
             return python_path(args, kwargs, False)
 
