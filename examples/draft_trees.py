@@ -8,29 +8,18 @@ contents; on a CPU (fp32) it runs eagerly on the ops' CPU kernels. Checked again
 reference; the exit status is 1 if it is off.
 """
 
-import sys
-
 import torch
 
 import mla_ops
+from example_step import DEVICE as device, DTYPE as dtype, LV as Lv
+from example_step import check, max_error, new_contents, step_tensors
 from mla_ops.reference import decode_verify_ref
 
-torch.manual_seed(0)
-device = "cuda" if torch.cuda.is_available() else "cpu"
-dtype = torch.bfloat16 if device == "cuda" else torch.float32
-
-B, max_drafts, H, Lv, rope, page, max_seq_len = (
-    (32, 8, 16, 512, 64, 64, 4096) if device == "cuda" else (3, 8, 16, 512, 64, 16, 256))
-Lk, sm_scale = Lv + rope, 0.1352
-pages_per_request = -(-max_seq_len // page)
+B, max_drafts, H, page, max_seq_len = (
+    (32, 8, 16, 64, 4096) if device == "cuda" else (3, 8, 16, 16, 256))
+sm_scale = 0.1352
 rows = B * max_drafts  # static: a captured graph keeps its shapes; unused rows are not written
-
-kv_cache = torch.empty(B * pages_per_request, page, 1, Lk, device=device, dtype=dtype)
-q = torch.empty(rows, H, Lk, device=device, dtype=dtype)
-o = torch.empty(rows, H, Lv, device=device, dtype=dtype)
-lse = torch.empty(rows, H, device=device, dtype=torch.float32)
-block_table = torch.empty(B, pages_per_request, device=device, dtype=torch.int32)
-seq_lens = torch.empty(B, device=device, dtype=torch.int32)
+kv_cache, q, o, lse, block_table, seq_lens = step_tensors(B, rows, H, page, max_seq_len)
 qo_indptr = torch.empty(B + 1, device=device, dtype=torch.int32)
 tree_mask = torch.empty(rows, device=device, dtype=torch.int64)
 
@@ -48,11 +37,8 @@ def write_new_step(step):
     counts = torch.tensor([len(p) for p in parents])
     qo_indptr.copy_(torch.cat([torch.zeros(1), counts.cumsum(0)]))  # request b's rows
     tree_mask.copy_(mla_ops.tree_mask_from_parents(parents, rows=rows))  # bit j: sees draft j
-    q.normal_()
-    kv_cache.normal_()
-    block_table.copy_(torch.randperm(B * pages_per_request).view(B, -1))
     # Each request's length includes its drafts, already written to the cache (its last keys).
-    seq_lens.copy_(torch.randint(max_drafts, max_seq_len + 1, (B,)))
+    new_contents(kv_cache, q, block_table, seq_lens, max_drafts, max_seq_len)
     o.fill_(float("nan"))
 
 
@@ -86,13 +72,7 @@ used = int(qo_indptr[-1])  # rows from qo_indptr[B] on belong to no request
 ref_o, ref_lse = decode_verify_ref(q, kv_cache, Lv, block_table, seq_lens, None, max_drafts,
                                    sm_scale, page, compute_dtype=torch.float64,
                                    qo_indptr=qo_indptr, tree_mask=tree_mask)
-err_o = (o[:used].double() - ref_o[:used]).abs().max().item()
-err_lse = (lse[:used].double() - ref_lse[:used]).abs().max().item()
 untouched = bool(o[used:].isnan().all())
-tol_o, tol_lse = (3e-2, 1e-3) if dtype == torch.bfloat16 else (1e-4, 1e-4)
-ok = err_o <= tol_o and err_lse <= tol_lse and untouched
-print(f"draft-tree verify B{B} (up to {max_drafts} drafts, {used} rows) H{H} "
-      f"{str(dtype)[6:]} on {device}: max |o - ref| = {err_o:.2e} (tol {tol_o:g}), "
-      f"max |lse - ref| = {err_lse:.2e} (tol {tol_lse:g}), rows past qo_indptr[B] untouched: "
-      f"{untouched}: {'OK' if ok else 'FAILED'}")
-sys.exit(0 if ok else 1)
+check(f"draft-tree verify B{B} (up to {max_drafts} drafts, {used} rows) H{H}",
+      (max_error(o[:used], ref_o[:used]), max_error(lse[:used], ref_lse[:used])),
+      extra=[("rows past qo_indptr[B] untouched", untouched)])
