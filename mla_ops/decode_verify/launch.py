@@ -146,27 +146,9 @@ def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor,
 @public_launcher("decode_verify", ".reference:decode_verify_op_ref")
 @recorded("decode_verify", tables=("decode_verify",))
 def decode_attention_fwd_verify(
-    q,
-    k_buffer,
-    v_buffer,
-    o,
-    lse,
-    req_to_token,
-    seq_lens,
-    real_seq_lens,
-    qlen,
-    attn_logits,
-    num_kv_splits,
-    sm_scale,
-    page_size,
-    k_scale=None,
-    cp_world=1,
-    cp_rank=0,
-    cp_interleave=1,
-    *,
-    qo_indptr=None,
-    tree_mask=None,
-    config: dict[str, Any] | None = None,
+    q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen, attn_logits,
+    num_kv_splits, sm_scale, page_size, k_scale=None, cp_world=1, cp_rank=0, cp_interleave=1, *,
+    qo_indptr=None, tree_mask=None, config: dict[str, Any] | None = None,
 ):
     """Causal (or draft-tree) MLA verify attention over a per-request block table.
 
@@ -392,25 +374,9 @@ def reachable_batches(qlen: int, num_heads: int) -> list[int]:
 
 @public_launcher("warmup_decode_verify", ".decode_verify.launch:_check_warmup", launches=False)
 def warmup_decode_attention_fwd_verify(
-    q,
-    k_buffer,
-    o,
-    lse,
-    req_to_token,
-    has_real,
-    qlens,
-    attn_logits,
-    sm_scale,
-    page_size,
-    k_scale=None,
-    cp_world=1,
-    cp_rank=0,
-    cp_interleave=1,
-    varlen=False,
-    has_tree=False,
-    *,
-    batches: Sequence[int] | None = None,
-    config: dict[str, Any] | None = None,
+    q, k_buffer, o, lse, req_to_token, has_real, qlens, attn_logits, sm_scale, page_size,
+    k_scale=None, cp_world=1, cp_rank=0, cp_interleave=1, varlen=False, has_tree=False, *,
+    batches: Sequence[int] | None = None, config: dict[str, Any] | None = None,
 ):
     """Compile every launch variant serving can reach for these tensors.
 
