@@ -66,7 +66,7 @@ TREE_CASES = [
         batch=2, heads=2, qlen=16, lens=(16, 77), page=16,
         trees=[eagle_tree(4, 4, 16, _g(6)), eagle_tree(4, 4, 16, _g(7))])),
     ("B2-H2-q64-p64-fp16-64drafts", dict(
-        batch=2, heads=2, qlen=64, lens=(64, 150), page=64, dtype=torch.float16,
+        batch=2, heads=2, qlen=64, lens=(64, 110), page=64, dtype=torch.float16,
         trees=[eagle_tree(8, 8, 64, _g(8)), random_ancestor_tree(64, _g(9), shuffle=True)])),
     ("B2-H4-q8-p16-fp8-eagle2x3", dict(
         batch=2, heads=4, qlen=8, lens=(45, 120), page=16, dtype=torch.float16, cache_dtype=FP8,
@@ -86,7 +86,7 @@ RAGGED_CASES = [
         batch=4, heads=4, qlen=4, lens=(10, 3, 50, 2), real=(10, 3, 45, 2), page=16,
         draft_counts=(0, 4, 1, 3), extra_rows=3)),
     ("B3-H16-q8-p16-fp16-ragged", dict(  # BLOCK_H 32 = 2 tokens: whole row blocks past qlen_b
-        batch=3, heads=16, qlen=8, lens=(80, 17, 130), page=16, dtype=torch.float16,
+        batch=3, heads=16, qlen=8, lens=(48, 17, 70), page=16, dtype=torch.float16,
         draft_counts=(8, 1, 5), extra_rows=0)),
     ("B3-H3-q5-p64-fp16-ragged-tree", dict(
         batch=3, heads=3, qlen=5, lens=(70, 4, 129), real=(70, 4, 100), page=64,
