@@ -686,8 +686,16 @@ def test_prefill_ab_interpret_run_compares_variants(tmp_path, monkeypatch):
 
     monkeypatch.setattr(prefill, "mla_fn", off_by_one)
     assert ab_prefill.main(["--interpret", "--rounds", "1", "--graph", "--variant", *variants]) == 1
+    # The same output as an ablation ("check": false) is timed, not compared.
+    ablation = ['{}', '{"BLOCK_M": 16, "BLOCK_N": 16, "check": false}']
+    assert ab_prefill.main(["--interpret", "--rounds", "1", "--variant", *ablation,
+                            "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][1]
+    assert row["max_abs_diff"] > 0.5 and row["ok"] and not row["checked"]
     with pytest.raises(SystemExit):
         ab_prefill.parse_args(["--variant", "[1]"])
+    with pytest.raises(SystemExit):  # the reference variant itself must be checked
+        ab_prefill.parse_args(["--variant", '{"check": false}', '{}'])
 
 
 def test_prefill_sweep_rules_and_the_table_they_make():
