@@ -72,7 +72,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
 
-from .kernels import _LN2, _cp_local_len  # shared with the portable kernel
+from .kernels import _LN2, _cp_local_len, _request_rows  # shared with the portable kernel
 from .splits import split_chunk
 
 _BM = gl.constexpr(64)  # rows per CTA: one wgmma M
@@ -169,18 +169,6 @@ def _first_row(row_base, qlen, VARLEN: gl.constexpr):
         return row_base
     else:
         return row_base * qlen
-
-
-@gluon.jit
-def _request_rows(Qo_Indptr, pid_b, num_rows, qlen):
-    """``(first row, rows, bad)`` of request ``pid_b`` (ragged draft counts), clamped into
-    ``[0, num_rows)`` and to at most ``qlen`` rows, as ``kernels._request_rows`` does."""
-    start = gl.load(Qo_Indptr + pid_b)
-    end = gl.load(Qo_Indptr + pid_b + 1)
-    row_base = gl.minimum(gl.maximum(start, 0), num_rows)
-    count = gl.minimum(gl.minimum(gl.maximum(end, row_base), num_rows) - row_base, qlen)
-    bad = (start < 0) | (end < start) | (end > num_rows) | (end - start > qlen)
-    return row_base, count, bad
 
 
 @gluon.jit

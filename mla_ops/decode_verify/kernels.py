@@ -82,17 +82,20 @@ def _cp_local_len(n, cp_rank, CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexp
 
 
 @triton.jit
-def _request_rows(Qo_Indptr, pid_b, num_rows, QLEN: tl.constexpr):
+def _request_rows(Qo_Indptr, pid_b, num_rows, max_rows):
     """``(first row, rows, bad)`` of request ``pid_b`` from ``Qo_Indptr`` (ragged draft counts),
-    clamped so that no row outside ``[0, num_rows)`` and no more than ``QLEN`` rows are ever
+    clamped so that no row outside ``[0, num_rows)`` and no more than ``max_rows`` rows are ever
     addressed; ``bad`` when clamping changed anything (offsets negative, decreasing, past the
-    rows or more than QLEN apart): the request is then marked like one with out-of-range
-    metadata."""
+    rows or more than ``max_rows`` apart): the request is then marked like one with out-of-range
+    metadata.
+
+    Scalar loads and integer arithmetic only, so the Gluon kernels call it too: ``max_rows`` is
+    the constexpr QLEN here and the runtime ``qlen`` there."""
     start = tl.load(Qo_Indptr + pid_b)
     end = tl.load(Qo_Indptr + pid_b + 1)
     row_base = tl.minimum(tl.maximum(start, 0), num_rows)
-    count = tl.minimum(tl.minimum(tl.maximum(end, row_base), num_rows) - row_base, QLEN)
-    bad = (start < 0) | (end < start) | (end > num_rows) | (end - start > QLEN)
+    count = tl.minimum(tl.minimum(tl.maximum(end, row_base), num_rows) - row_base, max_rows)
+    bad = (start < 0) | (end < start) | (end > num_rows) | (end - start > max_rows)
     return row_base, count, bad
 
 
