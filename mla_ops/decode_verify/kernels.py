@@ -204,8 +204,8 @@ def _attend_block(
 ):
     """One KV block ``[start_n, start_n + BLOCK_N)`` for all rows of the tile (online softmax).
 
-    MASKED=False is only used for blocks entirely below every row's limit and the split end,
-    so neither the loads nor the scores need a mask there.
+    Unmasked (MASKED 0) is only used for blocks entirely below every row's limit and the split
+    end, so neither the loads nor the scores need a mask there.
 
     HAS_TREE: ``tree_rows`` ``[BLOCK_H]`` int64 holds each row's draft-tree mask, and a masked
     block also hides draft token ``j = key - draft_start`` (``j >= 0``) from the rows whose bit
@@ -469,26 +469,23 @@ def _stage1_program(
     else:
         page_max = tl.zeros([BLOCK_N], dtype=tl.uint32)
 
-    # Blocks below every row's limit: no masks.
-    for start_n in range(split_start, full_end, BLOCK_N):
-        acc0, acc1, m_i, l_i, raw = _attend_block(
-            acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end,
-            row_lim, stride_kpage, stride_ktok, qk_scale, num_pages, tree_rows, draft_start,
-            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, False, DOT_PRECISION, SWAP_AB,
-            USE_TMA, HAS_TREE,
-        )
-        page_max = tl.maximum(page_max, raw)
-    # The tail where rows' limits (or the split end) fall: loads bounded by kv_end, scores by
-    # each row's limit.
-    row_lim_split = tl.minimum(row_lim, kv_end)
-    for start_n in range(full_end, kv_end, BLOCK_N):
-        acc0, acc1, m_i, l_i, raw = _attend_block(
-            acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n, kv_end,
-            row_lim_split, stride_kpage, stride_ktok, qk_scale, num_pages, tree_rows, draft_start,
-            BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, True, DOT_PRECISION, SWAP_AB,
-            USE_TMA, HAS_TREE,
-        )
-        page_max = tl.maximum(page_max, raw)
+    # The split's blocks in two loops (a static loop around them: one kernel loop each), which
+    # differ only in their range, the row limits and MASKED. MASKED 0: the blocks below every
+    # row's limit, no masks. MASKED 1: the tail where rows' limits (or the split end) fall:
+    # loads bounded by kv_end, scores by each row's limit, capped at kv_end for that.
+    for MASKED in tl.static_range(2):
+        if MASKED:
+            lo, hi, lim = full_end, kv_end, tl.minimum(row_lim, kv_end)
+        else:
+            lo, hi, lim = split_start, full_end, row_lim
+        for start_n in range(lo, hi, BLOCK_N):
+            acc0, acc1, m_i, l_i, raw = _attend_block(
+                acc0, acc1, m_i, l_i, q0, q1, q_pe, K_Buffer, K_Desc, Kpe_Desc, Req_to_Token, req_row, start_n,
+                kv_end, lim, stride_kpage, stride_ktok, qk_scale, num_pages, tree_rows, draft_start,
+                BLOCK_N, BLOCK_DMODEL, BLOCK_DPE, PAGE_SIZE, ONE_PAGE, QSPLIT, MASKED, DOT_PRECISION, SWAP_AB,
+                USE_TMA, HAS_TREE,
+            )
+            page_max = tl.maximum(page_max, raw)
     if not ONE_PAGE:
         page_max = tl.max(page_max, axis=0)
     marked = marked | (page_max >= num_pages.to(tl.uint32))
@@ -537,18 +534,8 @@ def _fwd_verify_stage1(
     Mid,  # the split workspace [B*qlen, H, num_kv_splits, Lv + 1] fp32 (o when SINGLE)
     O,  # [B*qlen, H, Lv]
     Lse,  # [B*qlen, H] fp32
-    stride_req_b,
-    stride_qm,
-    stride_qh,
-    stride_kpage,
-    stride_ktok,
-    stride_mid_m,
-    stride_mid_h,
-    stride_mid_s,
-    stride_om,
-    stride_oh,
-    stride_lm,
-    stride_lh,
+    stride_req_b, stride_qm, stride_qh, stride_kpage, stride_ktok,
+    stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
     K_Scale,  # [] fp32
     batch,
     num_kv_splits,
@@ -621,13 +608,7 @@ def _fwd_verify_stage2(
     Lse,  # [B*qlen, H] fp32
     Seq_Lens,
     Real_Lens,
-    stride_mid_m,
-    stride_mid_h,
-    stride_mid_s,
-    stride_om,
-    stride_oh,
-    stride_lm,
-    stride_lh,
+    stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
     num_kv_splits,
     kv_capacity,  # as in stage 1
     cp_rank,  # as in stage 1
