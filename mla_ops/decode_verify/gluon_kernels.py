@@ -222,14 +222,45 @@ def _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, r
 
 
 @gluon.jit
+def _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen, num_heads,
+                       page_size, num_pages, kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
+                       SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, cp_rank,
+                       CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
+                       VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, ROW: gl.constexpr):
+    """What a consumer group of either schedule does before its block loop: its work item
+    (``_work``), each row's key limit, the table check of its request, then the wait for the Q
+    tile. Returns ``(pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks,
+    row_base, qlen_b, lim, marked)``: ``lim`` ``[64]`` (layout ROW) capped at ``kv_end``,
+    ``marked`` from ``_request_marked``."""
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+    rows = gl.arange(0, _BM, layout=ROW)
+    tok = tok0 + rows // HEAD_BOX  # verify token of each row, in the request
+    if HAS_TREE:  # every row's limit is the request's; the tree picks its keys below it
+        lim = gl.minimum(tok * 0 + max_lim, kv_end)
+    else:
+        row_valid = tok < qlen_b
+        # Padding rows see what the tile's last valid row sees: finite, never stored.
+        lim = _local(_row_limit(tok, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
+        lim = gl.where(row_valid, lim, max_lim)
+        lim = gl.minimum(lim, kv_end)  # [64]: also ends at the split end
+    # Issued before the first wait: its table reads overlap the Q copy.
+    marked = _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad,
+                             page_size, num_pages, 4)
+    mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
+    return pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
               Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-              kv_capacity, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
-              NUM_STAGES: gl.constexpr, N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
-              CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+              kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+              MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, N_DT: gl.constexpr,
+              cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
+              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """1 warp: the Q tile once, then the KV blocks of the split through the ring."""
-    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
@@ -293,25 +324,12 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
     else:
         CDT: gl.constexpr = gl.bfloat16
 
-    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
-    rows = gl.arange(0, _BM, layout=ROW)
-    tok = tok0 + rows // HEAD_BOX  # verify token of each row, in the request
-    if HAS_TREE:  # every row's limit is the request's; the tree picks its keys below it
-        lim = gl.minimum(tok * 0 + max_lim, kv_end)
-    else:
-        row_valid = tok < qlen_b
-        # Padding rows see what the tile's last valid row sees: finite, never stored.
-        lim = _local(_row_limit(tok, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
-        lim = gl.where(row_valid, lim, max_lim)
-        lim = gl.minimum(lim, kv_end)  # [64]: also ends at the split end
-    # Issued before the first wait: its table reads overlap the Q copy.
-    marked = _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad,
-                             page_size, num_pages, 4)
+    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
+     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
+                                  num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+                                  MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
+                                  VARLEN, HAS_TREE, ROW)
 
-    mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
     if KV_FP8:
         # Q to fp16 in place (clamped to fp16's range: an out-of-range q saturates instead of
         # turning the scores into inf / NaN); each group converts its share of the tiles,
@@ -495,25 +513,28 @@ def _verify_stage1_ws(
         mbarrier.init(kv_ready.index(st), count=1)
         mbarrier.init(kv_empty.index(st), count=2)  # both consumer groups release a stage
 
+    # (Each partition's arguments are written out: triton 3.6 takes them only as a tuple literal
+    # here; a tuple held in a variable turns its constexprs into tensors, and ``(0, ) + args``
+    # fails on the None arguments.)
     gl.warp_specialize([
         (_consumer, (0, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
                      Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
                      Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
-              stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+                     stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                      NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
                      Tree_Mask, num_rows, VARLEN, HAS_TREE)),
         (_consumer, (1, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
                      Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
                      Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
-              stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+                     stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                      NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
                      Tree_Mask, num_rows, VARLEN, HAS_TREE)),
         (_producer, (q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
-                     page_size, kv_capacity, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT, cp_rank,
-                     CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
+                     page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES,
+                     N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(conv_done)
@@ -548,13 +569,12 @@ def _verify_stage1_ws(
 @gluon.jit
 def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
                   Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                  kv_capacity, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
-                  N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr,
-                  Qo_Indptr, num_rows, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+                  kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                  MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
+                  CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
+                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """1 warp: Q (tiles 0-7 to ``q_smem``, the rope tile to ``sp_smem[1]``), then each block
     into stage ``i % 2`` by halves, the owner's half first (it is freed first)."""
-    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
@@ -684,24 +704,12 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
     V_TILES: gl.constexpr = LV // _DT // 2
     V0: gl.constexpr = WG * V_TILES
 
-    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
-    rows = gl.arange(0, _BM, layout=ROW)
-    tok = tok0 + rows // HEAD_BOX
-    if HAS_TREE:  # every row's limit is the request's; the tree picks its keys below it
-        lim = gl.minimum(tok * 0 + max_lim, kv_end)
-    else:
-        row_valid = tok < qlen_b
-        lim = _local(_row_limit(tok, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
-        lim = gl.where(row_valid, lim, max_lim)
-        lim = gl.minimum(lim, kv_end)
-    # Issued before the first wait: its table reads overlap the Q copy.
-    marked = _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad,
-                             page_size, num_pages, 4)
+    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
+     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
+                                  num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+                                  MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
+                                  VARLEN, HAS_TREE, ROW)
 
-    mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
     q_rope = sp_smem.index(1).load(OP_A)  # [64, 64] bf16, the A operand of the rope wgmma
     acc0 = gl.zeros([_BM, _DT], gl.float32, MMA)
     acc1 = gl.zeros([_BM, _DT], gl.float32, MMA)
@@ -903,7 +911,7 @@ def _verify_stage1_alt(
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=2)
 
-    gl.warp_specialize([
+    gl.warp_specialize([  # (the partitions' arguments written out: see _verify_stage1_ws)
         (_consumer_alt, (0, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
                          p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
                          qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
@@ -920,8 +928,8 @@ def _verify_stage1_alt(
                          num_rows, VARLEN, HAS_TREE)),
         (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
                          Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                         kv_capacity, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-                         CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
+                         kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
+                         CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)
