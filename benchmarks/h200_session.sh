@@ -10,6 +10,11 @@
 #                                           # orders (SEEDS, default "11 22"), python3 -m mla_ops
 #   bash benchmarks/h200_session.sh eager   # FlashMLA built from .flashmla/ when present
 #                                           # (../shared/flashmla's kit), then eager_launch.py
+#   bash benchmarks/h200_session.sh bound   # where the Gluon encoder kernel's time goes: Nsight
+#                                           # Compute's pipe and warp-state sections at P2 and
+#                                           # P7 (ncu_P2.csv, ncu_P7.csv), then exp2 on MUFU /
+#                                           # half / a quarter on the FMA pipes / ablated (one
+#                                           # FMA), graph replays beside SDPA (ab_exp2.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -78,6 +83,23 @@ towers() {
     --json "$OUT/vit_towers_e2e.json" 2>&1 | tail -6
 }
 
+bound() {
+  gluon='{"family": "gluon", "name": "mufu"}'
+  for shape in P2 P7; do  # one replay of the kernel, after the warmup launches
+    timeout 240 ncu --clock-control none --kernel-name regex:prefill_fwd_ws --launch-skip 3 \
+      --launch-count 1 --section ComputeWorkloadAnalysis --section WarpStateStats \
+      --section InstructionStats -o "$OUT/ncu_$shape" -f python3 benchmarks/ab_prefill.py \
+      --shape "$shape" --variant "$gluon" --sdpa --rounds 1 --rep-ms 5 >> "$OUT/ncu.log" 2>&1 \
+      && ncu --import "$OUT/ncu_$shape.ncu-rep" --page raw --csv > "$OUT/ncu_$shape.csv" \
+      && rm -f "$OUT/ncu_$shape.ncu-rep" || { echo "ncu at $shape failed:"; tail -5 "$OUT/ncu.log"; }
+  done
+  timeout 360 python3 benchmarks/ab_prefill.py --shape P2 P3 P7 P8 C7 --graph --sdpa cudnn flash \
+    --variant "$gluon" '{"family": "gluon", "EXP2_FMA": 2, "name": "fma-half"}' \
+    '{"family": "gluon", "EXP2_FMA": 4, "name": "fma-quarter"}' \
+    '{"family": "gluon", "EXP2_ABLATE": 1, "check": false, "name": "exp2-ablated"}' \
+    --json "$OUT/ab_exp2.json" 2>&1 | tail -40
+}
+
 abtree() {
   base=${AB_BASE:-.ab_base}
   [ -f "$base/mla_ops/__init__.py" ] || { echo "no $base/mla_ops: carry it (run tool: carry)"; return 2; }
@@ -93,5 +115,7 @@ towers) towers ;;
 suite) suite ;;
 eager) eager ;;
 abtree) abtree ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|abtree" >&2; exit 2 ;;
+bound) bound ;;
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|abtree|bound" >&2
+   exit 2 ;;
 esac
