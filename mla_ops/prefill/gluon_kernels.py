@@ -70,6 +70,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
+# The portable kernel's grid and clamping rule, shared: a plain @triton.jit helper of scalar
+# integer code compiles under Gluon's semantics as it is (the callee takes its caller's).
+from .kernels import program_sequence
 
 _BM = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
 _NEG_BIG = gl.constexpr(-1.0e30)
@@ -81,18 +84,9 @@ def _tile(B_Start_Loc, B_Seq_Len, total_tokens, IS_CAUSAL: gl.constexpr, BLOCK_N
     """This CTA's work: (head, seq_start, seq_len, m_start, n_blocks, marked). Every partition
     computes it from the kernel arguments (cheap scalars) instead of keeping the parent's values
     live. The sequence is clamped into the packed tokens; ``marked``: it was not inside them."""
-    pid_m = gl.program_id(0)
-    head = gl.program_id(1)
-    batch = gl.program_id(2)
-    if IS_CAUSAL:
-        # Tiles at the end of a sequence see the most keys: start them first.
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    seq_start = gl.load(B_Start_Loc + batch).to(gl.int64)
-    seq_len = gl.load(B_Seq_Len + batch).to(gl.int64)
-    seq_end = seq_start + seq_len  # int64: start + len may pass int32
-    marked = (seq_start < 0) | (seq_len < 0) | (seq_end > total_tokens)
-    seq_start = gl.minimum(gl.maximum(seq_start, 0), total_tokens)
-    seq_len = (gl.minimum(gl.maximum(seq_end, seq_start), total_tokens) - seq_start).to(gl.int32)
+    # Causal: tiles at the end of a sequence see the most keys, so they start first.
+    pid_m, head, _, seq_start, seq_len, marked = program_sequence(B_Start_Loc, B_Seq_Len,
+                                                                  total_tokens, IS_CAUSAL)
     seq_start = seq_start.to(gl.int32)
     m_start = pid_m * (2 * _BM)
     kv_hi = seq_len

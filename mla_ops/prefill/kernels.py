@@ -31,6 +31,27 @@ _NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
+def program_sequence(B_Start_Loc, B_Seq_Len, total_tokens, REVERSED: tl.constexpr):
+    """This program's ``(pid_m, head, batch)`` from the grid ``(row blocks, Hq, B)`` (the row
+    blocks counted from the end where ``REVERSED``) and its sequence clamped into the packed
+    tokens: ``seq_start`` int64, ``seq_len`` int32 and ``marked``, true where the metadata was
+    not inside ``[0, total_tokens)``. Scalar integer code only, so the Gluon kernel
+    (``gluon_kernels._tile``) calls it too: one clamping rule for both families."""
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    batch = tl.program_id(2)
+    if REVERSED:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    seq_start = tl.load(B_Start_Loc + batch).to(tl.int64)
+    seq_len = tl.load(B_Seq_Len + batch).to(tl.int64)
+    seq_end = seq_start + seq_len  # int64: start + len may pass int32
+    marked = (seq_start < 0) | (seq_len < 0) | (seq_end > total_tokens)
+    seq_start = tl.minimum(tl.maximum(seq_start, 0), total_tokens)
+    seq_len = (tl.minimum(tl.maximum(seq_end, seq_start), total_tokens) - seq_start).to(tl.int32)
+    return pid_m, head, batch, seq_start, seq_len, marked
+
+
+@triton.jit
 def _attn_block(
     acc, acc_t, m_i, l_i,
     q, q_t,
@@ -164,21 +185,11 @@ def context_attention_kernel(
     USE_TMA (Hopper; needs HEAD_STRIDE_ALIGNED_8 and a ``triton.set_allocator`` scratch):
     K/V tiles through per-program tensor descriptors, loaded by the copy engine.
     """
-    pid_m = tl.program_id(0)
-    cur_head = tl.program_id(1)
-    cur_batch = tl.program_id(2)
-    if NUM_M_BLOCKS_REVERSED:
-        # Causal row blocks at the end of a sequence see the most keys: start those first so
-        # the last wave is made of short programs.
-        pid_m = tl.num_programs(0) - 1 - pid_m
-
-    # The sequence clamped into the packed tokens (int64: start + len may pass int32); marked
-    # (o = NaN) if it was not inside them.
-    seq_start = tl.load(B_Start_Loc + cur_batch).to(tl.int64)
-    seq_len = tl.load(B_Seq_Len + cur_batch).to(tl.int64)
-    seq_end = seq_start + seq_len
-    seq_start = tl.minimum(tl.maximum(seq_start, 0), total_tokens)
-    seq_len = (tl.minimum(tl.maximum(seq_end, seq_start), total_tokens) - seq_start).to(tl.int32)
+    # NUM_M_BLOCKS_REVERSED: causal row blocks at the end of a sequence see the most keys, so
+    # they start first and the last wave is made of short programs. Whether the sequence is
+    # marked is read again in the epilogue.
+    pid_m, cur_head, cur_batch, seq_start, seq_len, _ = program_sequence(
+        B_Start_Loc, B_Seq_Len, total_tokens, NUM_M_BLOCKS_REVERSED)
     m_start = pid_m * BLOCK_M
     if m_start >= seq_len:
         return
