@@ -52,6 +52,19 @@ def program_sequence(B_Start_Loc, B_Seq_Len, total_tokens, REVERSED: tl.constexp
 
 
 @triton.jit
+def _token_offsets(seq_start, offs, stride, ALIGNED_8: tl.constexpr):
+    """Element offsets ``(seq_start + offs) * stride`` of tokens ``offs`` of the sequence (int64:
+    total * stride can pass 2**31 for long packed batches), hinted multiples of 8 where
+    ``ALIGNED_8``. The hint annotates the product made here: put on a helper's argument it is
+    dropped, and without the hints the kernel compiles to the hint-less one, which
+    ``tuning.WORKAROUNDS["prefill_unaligned_copy"]`` avoids running (it miscompiles)."""
+    rows = (seq_start + offs) * stride
+    if ALIGNED_8:
+        rows = tl.multiple_of(rows, 8)
+    return rows
+
+
+@triton.jit
 def _attn_block(
     acc, acc_t, m_i, l_i,
     q, q_t,
@@ -229,19 +242,12 @@ def context_attention_kernel(
     m_ok = offs_m < seq_len
     d_ok = offs_d < HEAD_DIM
 
-    # int64 token offsets: total * stride can pass 2**31 for long packed batches.
-    row_q = (seq_start + offs_m) * stride_qt  # [BLOCK_M]
-    row_o = (seq_start + offs_m) * stride_ot
-    if HEAD_STRIDE_ALIGNED_8:
-        row_q = tl.multiple_of(row_q, 8)
-        row_o = tl.multiple_of(row_o, 8)
+    row_q = _token_offsets(seq_start, offs_m, stride_qt, HEAD_STRIDE_ALIGNED_8)  # [BLOCK_M]
+    row_o = _token_offsets(seq_start, offs_m, stride_ot, HEAD_STRIDE_ALIGNED_8)
     p_q = Q + off_qh + row_q[:, None] + offs_d[None, :]  # [BLOCK_M, BLOCK_D]
     q = tl.load(p_q, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    row_k = (seq_start + offs_n) * stride_kt  # [BLOCK_N]
-    row_v = (seq_start + offs_n) * stride_vt
-    if HEAD_STRIDE_ALIGNED_8:
-        row_k = tl.multiple_of(row_k, 8)
-        row_v = tl.multiple_of(row_v, 8)
+    row_k = _token_offsets(seq_start, offs_n, stride_kt, HEAD_STRIDE_ALIGNED_8)  # [BLOCK_N]
+    row_v = _token_offsets(seq_start, offs_n, stride_vt, HEAD_STRIDE_ALIGNED_8)
     p_k = K + off_kh + row_k[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     p_v = V + off_vh + row_v[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
 
@@ -313,24 +319,16 @@ def context_attention_kernel(
     mid_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo), hi_blk)
     mid_hi = tl.minimum(tl.maximum((full_hi // BLOCK_N) * BLOCK_N, mid_lo), hi_blk)
 
-    acc, acc_t, m_i, l_i = _attn_block(
-        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
-        offs_m, offs_n, seq_len,
-        lo, mid_lo, qk_scale, window_q, window_k, stride_kt, stride_vt,
-        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
-    acc, acc_t, m_i, l_i = _attn_block(
-        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
-        offs_m, offs_n, seq_len,
-        mid_lo, mid_hi, qk_scale, window_q, window_k, stride_kt, stride_vt,
-        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-        False, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
-    acc, acc_t, m_i, l_i = _attn_block(
-        acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
-        offs_m, offs_n, seq_len,
-        mid_hi, hi_blk, qk_scale, window_q, window_k, stride_kt, stride_vt,
-        HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-        True, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
+    # The three ranges in order, unrolled at compile time: [lo, mid_lo) masked, the interior
+    # [mid_lo, mid_hi) without masks, [mid_hi, hi_blk) masked.
+    bounds = (lo, mid_lo, mid_hi, hi_blk)
+    for part in tl.static_range(3):
+        acc, acc_t, m_i, l_i = _attn_block(
+            acc, acc_t, m_i, l_i, q, q_t, p_k, p_kt, p_v, p_vt, k_desc, kt_desc, v_desc, vt_desc,
+            offs_m, offs_n, seq_len,
+            bounds[part], bounds[part + 1], qk_scale, window_q, window_k, stride_kt, stride_vt,
+            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
+            part != 1, IS_CAUSAL, HAS_WINDOW_Q, HAS_WINDOW_K, NUM_STAGES, USE_TMA)
 
     # --- epilogue: every real row saw at least its own key (or the sink), so l_i > 0 there.
     inv_l = 1.0 / tl.where(m_ok, l_i, 1.0)  # [BLOCK_M]; rows past the sequence are not stored
