@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import mla_ops  # noqa: F401  (registers torch.ops.mla)
 from mla_ops import gluon_support, tuning
 from mla_ops.prefill import gluon_launch as gla
 from mla_ops.prefill import launch as L
 from mla_ops.prefill.configs import select_prefill_config
+from mla_ops.prefill.kernels import exp2_fma
 
 from builders import encoder_case
 from gluon_offline import compile_sm90a, ptxas_facts, run_in_subprocess, tensordesc
@@ -186,7 +189,7 @@ def _variants():
 VARIANTS = _variants()
 
 
-def _compile(head_dim: int, causal: bool, cfg: dict, sinks: bool = False):
+def _compile(head_dim: int, causal: bool, cfg: dict, sinks: bool = False, exp2: int = 0):
     from triton.experimental.gluon import language as gl
 
     from mla_ops.prefill import gluon_kernels as gk
@@ -206,8 +209,13 @@ def _compile(head_dim: int, causal: bool, cfg: dict, sinks: bool = False):
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=bn, NUM_STAGES=cfg["NUM_STAGES"],
                       IS_CAUSAL=causal, HAS_SINKS=sinks, PIPELINE=bool(cfg["PIPELINE"]),
                       PINGPONG=bool(cfg["PINGPONG"] and cfg["PIPELINE"]), P_SMEM=bool(cfg["P_SMEM"]),
-                      PRODUCER_REGS=cfg["PRODUCER_REGS"], CONSUMER_REGS=cfg["CONSUMER_REGS"])
+                      PRODUCER_REGS=cfg["PRODUCER_REGS"], CONSUMER_REGS=cfg["CONSUMER_REGS"],
+                      EXP2=exp2)
     return compile_sm90a(gk.prefill_fwd_ws, sig, constexprs, cfg["num_warps"])
+
+
+# The exponentials partly on the FMA pipes (EXP2_FMA), compiled at D 72 with the table's config.
+EXP2_VARIANTS = (2, 4)
 
 
 def _compile_all_main() -> None:  # run in a subprocess (see offline_reports)
@@ -216,7 +224,13 @@ def _compile_all_main() -> None:  # run in a subprocess (see offline_reports)
 
     for d, causal, cfg in VARIANTS:
         kernel, report = _compile(d, causal, cfg)
-        sys.stdout.write(json.dumps([[d, causal], ptxas_facts(kernel, report)]) + "\n")
+        facts = {**ptxas_facts(kernel, report), "ex2": kernel.asm["ptx"].count("ex2.approx")}
+        sys.stdout.write(json.dumps([[d, causal, 0], facts]) + "\n")
+    d, causal, cfg = next(v for v in VARIANTS if v[:2] == (72, False))
+    for exp2 in EXP2_VARIANTS:
+        kernel, report = _compile(d, causal, cfg, exp2=exp2)
+        facts = {**ptxas_facts(kernel, report), "ex2": kernel.asm["ptx"].count("ex2.approx")}
+        sys.stdout.write(json.dumps([[d, causal, exp2], facts]) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +248,7 @@ def offline_reports():
                               f"-pipe{cfg['PIPELINE']}-pp{cfg['PINGPONG']}" for d, c, cfg in VARIANTS])
 def test_offline_compile_sm90a(variant, offline_reports):
     d, causal, cfg = variant
-    r = offline_reports[(d, causal)]
+    r = offline_reports[(d, causal, 0)]
     assert r["wgmma"] and r["tma"], r
     assert not r["serialized"], r
     if _GPU_CHECKED:
@@ -246,13 +260,53 @@ def test_offline_compile_sm90a(variant, offline_reports):
     assert r["shared"] <= SMEM_LIMIT, r
 
 
+@pytest.mark.skipif(_BUILD_WHY is not None, reason=f"no Gluon API of the kernels here: {_BUILD_WHY}")
+@pytest.mark.parametrize("exp2", EXP2_VARIANTS, ids=[f"EXP2_FMA{e}" for e in EXP2_VARIANTS])
+def test_offline_exp2_on_the_fma_pipes(exp2, offline_reports):
+    """Half (2) or a quarter (4) of each score tile's exponentials leave the MUFU; the tile is
+    split and joined inside each thread's registers (the kernel asserts every conversion
+    trivial, or it would not compile), nothing goes through shared memory, nothing spills."""
+    base, r = offline_reports[(72, False, 0)], offline_reports[(72, False, exp2)]
+    assert r["wgmma"] and r["tma"] and not r["serialized"], r
+    assert r["spills"] == base["spills"] and r["shared"] == base["shared"], (r, base)
+    # 1/EXP2_FMA of the score tiles' ex2.approx left (the row rescale factors' few stay).
+    moved = base["ex2"] - r["ex2"]
+    assert moved > 0 and abs(moved * exp2 - base["ex2"]) <= 0.1 * base["ex2"], (base, r)
+
+
+@triton.jit
+def _apply_exp2_fma(X, Y, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(Y + offs, exp2_fma(tl.load(X + offs)))
+
+
+def test_exp2_fma_against_float64():
+    """kernels.exp2_fma, the FMA-pipe exponential of the Gluon kernel's EXP2_FMA, run as a plain
+    Triton kernel (the interpreter on a CPU): relative error within 1.1e-4 (13 bits, below a
+    16-bit P's rounding) over the range a softmax feeds it, 1 exactly at 0, 0 exactly below
+    -127 and at -inf (masked scores)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    special = torch.tensor([0.0, -0.5, -1.0, -125.9, -126.0, -127.0, -300.0, float("-inf")])
+    x = torch.cat([-torch.rand(4096 - len(special), generator=g) * 126.0, special]).to(device)
+    y = torch.full_like(x, float("nan"))
+    _apply_exp2_fma[(1,)](x, y, 4096)
+    y, x = y.cpu().double(), x.cpu().double()
+    exact = torch.exp2(x)
+    normal = x >= -126.0
+    rel = ((y - exact).abs() / exact)[normal]
+    assert rel.max().item() <= 1.1e-4, rel.max().item()
+    assert y[-8].item() == 1.0 and (y[x <= -127.0] == 0.0).all(), y[-8:]
+
+
 # --- GPU correctness ------------------------------------------------------------------------------
 
 needs_hopper = pytest.mark.skipif(not _is_hopper() or _GLUON_WHY is not None,
                                   reason=f"the Gluon kernel runs on sm_90 with a GPU-checked triton only ({_GLUON_WHY})")
 
 SCHEDULES = {"table": {}, "simple": {"PIPELINE": 0, "PINGPONG": 0},
-             "pipe": {"PIPELINE": 1, "PINGPONG": 0}, "pingpong": {"PIPELINE": 1, "PINGPONG": 1}}
+             "pipe": {"PIPELINE": 1, "PINGPONG": 0}, "pingpong": {"PIPELINE": 1, "PINGPONG": 1},
+             "exp2-fma-half": {"EXP2_FMA": 2}, "exp2-fma-quarter": {"EXP2_FMA": 4}}
 
 
 def _gluon_config(head_dim, schedule):

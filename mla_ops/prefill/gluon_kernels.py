@@ -70,9 +70,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
-# The portable kernel's grid and clamping rule, shared: a plain @triton.jit helper of scalar
-# integer code compiles under Gluon's semantics as it is (the callee takes its caller's).
-from .kernels import program_sequence
+# The portable kernel's grid and clamping rule and its FMA-pipe exponential, shared: plain
+# @triton.jit helpers compile under Gluon's semantics as they are (the callee takes its caller's).
+from .kernels import exp2_fma, program_sequence
 
 _BM = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
 _NEG_BIG = gl.constexpr(-1.0e30)
@@ -161,9 +161,36 @@ def _pv(p, pt, acc, acc_t, v_smem, vt_smem, s, BLOCK_N: gl.constexpr, BLOCK_D: g
 
 
 @gluon.jit
+def _exp2_tile(x, BLOCK_N: gl.constexpr, MMA_S: gl.constexpr, EXP2: gl.constexpr):
+    """``2^x`` of a score tile [64, BLOCK_N] (see ``_softmax``'s EXP2). A thread of the wgmma
+    layout holds column pairs (2c, 2c + 1) and columns of both halves, so each split below is a
+    split of its own registers: every layout conversion is trivial (asserted)."""
+    if EXP2 == 0:
+        p = gl.exp2(x)
+    elif EXP2 == 2:
+        x_even, x_odd = gl.split(gl.reshape(x, [64, BLOCK_N // 2, 2]))
+        p = gl.reshape(gl.join(gl.exp2(x_even), exp2_fma(x_odd)), [64, BLOCK_N])
+        p = gl.convert_layout(p, MMA_S, assert_trivial=True)
+    elif EXP2 == 4:
+        lo, hi = gl.split(gl.permute(gl.reshape(x, [64, 2, BLOCK_N // 2]), [0, 2, 1]))
+        x_even, x_odd = gl.split(gl.reshape(lo, [64, BLOCK_N // 4, 2]))
+        p_lo = gl.reshape(gl.join(gl.exp2(x_even), exp2_fma(x_odd)), [64, BLOCK_N // 2])
+        p_lo = gl.convert_layout(p_lo, hi.type.layout, assert_trivial=True)
+        p = gl.reshape(gl.permute(gl.join(p_lo, gl.exp2(hi)), [0, 2, 1]), [64, BLOCK_N])
+        p = gl.convert_layout(p, MMA_S, assert_trivial=True)
+    else:
+        p = x * 0.0078125 + 1.0  # one FMA in place of each exponential (timing only)
+    return p
+
+
+@gluon.jit
 def _softmax(qk, m_i, l_i, start, rows, seq_len, qk_scale, MASKED: gl.constexpr,
-             IS_CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, MMA_S: gl.constexpr):
-    """Fold one block of raw scores ``qk`` [64, BLOCK_N] into (m, l); returns (p, alpha, m, l)."""
+             IS_CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, MMA_S: gl.constexpr,
+             EXP2: gl.constexpr):
+    """Fold one block of raw scores ``qk`` [64, BLOCK_N] into (m, l); returns (p, alpha, m, l).
+    ``EXP2`` says where the exponentials run: 0 all on the MUFU; 2 the odd columns, 4 the odd
+    columns of the first half, on the FMA pipes (``kernels.exp2_fma``); -1 none at all (an
+    ablation that times the kernel without them: wrong results)."""
     if MASKED:
         keys = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_S))
         visible = (keys < seq_len)[None, :] & (rows >= 0)[:, None]
@@ -171,7 +198,7 @@ def _softmax(qk, m_i, l_i, start, rows, seq_len, qk_scale, MASKED: gl.constexpr,
             visible = visible & (keys[None, :] <= rows[:, None])
         qk = gl.where(visible, qk, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
-    p = gl.exp2(qk * qk_scale - m_new[:, None])
+    p = _exp2_tile(qk * qk_scale - m_new[:, None], BLOCK_N, MMA_S, EXP2)
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i
@@ -223,7 +250,7 @@ def _step(i, acc, acc_t, m_i, l_i, p_prev, pt_prev, q, qt, rows, seq_len, qk_sca
           MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
           NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
           BLOCK_D_TAIL: gl.constexpr, MMA_S: gl.constexpr, P_OP: gl.constexpr, P_OPT: gl.constexpr,
-          ROW_O: gl.constexpr, ROW_OT: gl.constexpr):
+          ROW_O: gl.constexpr, ROW_OT: gl.constexpr, EXP2: gl.constexpr):
     """Pipelined block ``i >= 1``: scores of block i and P.V of block i - 1 in flight together,
     then the softmax of block i under the P.V. Returns the new state and P_i."""
     HAS_TAIL: gl.constexpr = BLOCK_D_TAIL > 0
@@ -243,7 +270,7 @@ def _step(i, acc, acc_t, m_i, l_i, p_prev, pt_prev, q, qt, rows, seq_len, qk_sca
         qk = warpgroup_mma_wait(1, deps=(qk, ))
     mbarrier.arrive(k_empty.index(s), count=1)
     p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, i * BLOCK_N, rows, seq_len, qk_scale, MASKED,
-                                  IS_CAUSAL, BLOCK_N, MMA_S)
+                                  IS_CAUSAL, BLOCK_N, MMA_S, EXP2)
     # P_i stays fp32 in the score registers until the P.V of block i - 1 is done: its bf16
     # operand registers are the ones that wgmma is still reading.
     # ptxas hoists a wgmma wait above independent code (here: to the top of the softmax, which
@@ -265,7 +292,7 @@ def _step_simple(i, acc, acc_t, m_i, l_i, q, qt, rows, seq_len, qk_scale,
                  MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
                  BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, BLOCK_D_TAIL: gl.constexpr,
                  MMA_S: gl.constexpr, P_OP: gl.constexpr, P_OPT: gl.constexpr,
-                 ROW_O: gl.constexpr, ROW_OT: gl.constexpr):
+                 ROW_O: gl.constexpr, ROW_OT: gl.constexpr, EXP2: gl.constexpr):
     """Block ``i`` in sequence: scores, softmax, rescale, P.V (no overlap inside the group)."""
     HAS_TAIL: gl.constexpr = BLOCK_D_TAIL > 0
     s = i % NUM_STAGES
@@ -275,7 +302,7 @@ def _step_simple(i, acc, acc_t, m_i, l_i, q, qt, rows, seq_len, qk_scale,
     qk = warpgroup_mma_wait(0, deps=(qk, ))
     mbarrier.arrive(k_empty.index(s), count=1)
     p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, i * BLOCK_N, rows, seq_len, qk_scale, MASKED,
-                                  IS_CAUSAL, BLOCK_N, MMA_S)
+                                  IS_CAUSAL, BLOCK_N, MMA_S, EXP2)
     acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
     if HAS_TAIL:
         acc_t = acc_t * gl.convert_layout(alpha, ROW_OT)[:, None]
@@ -302,7 +329,7 @@ def _consumer(G: gl.constexpr, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem
               max_input_len, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               BLOCK_D_TAIL: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
               HAS_SINKS: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr,
-              P_SMEM: gl.constexpr):
+              P_SMEM: gl.constexpr, EXP2: gl.constexpr):
     """Consumer warpgroup ``G``: query rows ``[m_start + 64 G, m_start + 64 G + 64)``."""
     HAS_TAIL: gl.constexpr = BLOCK_D_TAIL > 0
     TAIL_N: gl.constexpr = BLOCK_D_TAIL if HAS_TAIL else 16  # placeholder width without a tail
@@ -359,10 +386,10 @@ def _consumer(G: gl.constexpr, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem
             mbarrier.arrive(k_empty.index(0), count=1)
             if n_full > 0:
                 p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, 0, rows, seq_len, qk_scale, False,
-                                              IS_CAUSAL, BLOCK_N, MMA_S)
+                                              IS_CAUSAL, BLOCK_N, MMA_S, EXP2)
             else:
                 p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, 0, rows, seq_len, qk_scale, True,
-                                              IS_CAUSAL, BLOCK_N, MMA_S)
+                                              IS_CAUSAL, BLOCK_N, MMA_S, EXP2)
             p_op, pt_op = _p_operands(p, p_buf, q.dtype, P_SMEM, HAS_TAIL, P_OP, P_OPT)
             # The turn of pipelined block i is phase i of the group's turn barrier (block 0
             # took phase 0 above; the P.V-only last turn takes phase n_blocks).
@@ -371,13 +398,13 @@ def _consumer(G: gl.constexpr, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem
                     i, acc, acc_t, m_i, l_i, p_op, pt_op, q, qt, rows, seq_len, qk_scale,
                     k_smem, kt_smem, v_smem, vt_smem, k_ready, k_empty, v_ready, v_empty, turn, p_buf, l_buf, G,
                     P_SMEM, False, IS_CAUSAL, PINGPONG, NUM_STAGES, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-                    MMA_S, P_OP, P_OPT, ROW_O, ROW_OT)
+                    MMA_S, P_OP, P_OPT, ROW_O, ROW_OT, EXP2)
             for i in range(gl.maximum(n_full, 1), n_blocks):
                 acc, acc_t, m_i, l_i, p_op, pt_op = _step(
                     i, acc, acc_t, m_i, l_i, p_op, pt_op, q, qt, rows, seq_len, qk_scale,
                     k_smem, kt_smem, v_smem, vt_smem, k_ready, k_empty, v_ready, v_empty, turn, p_buf, l_buf, G,
                     P_SMEM, True, IS_CAUSAL, PINGPONG, NUM_STAGES, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-                    MMA_S, P_OP, P_OPT, ROW_O, ROW_OT)
+                    MMA_S, P_OP, P_OPT, ROW_O, ROW_OT, EXP2)
             # The last block's P.V.
             last = n_blocks - 1
             sl = last % NUM_STAGES
@@ -397,13 +424,13 @@ def _consumer(G: gl.constexpr, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem
                 i, acc, acc_t, m_i, l_i, q, qt, rows, seq_len, qk_scale,
                 k_smem, kt_smem, v_smem, vt_smem, k_ready, k_empty, v_ready, v_empty,
                 False, IS_CAUSAL, NUM_STAGES, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-                MMA_S, P_OP, P_OPT, ROW_O, ROW_OT)
+                MMA_S, P_OP, P_OPT, ROW_O, ROW_OT, EXP2)
         for i in range(n_full, n_blocks):
             acc, acc_t, m_i, l_i = _step_simple(
                 i, acc, acc_t, m_i, l_i, q, qt, rows, seq_len, qk_scale,
                 k_smem, kt_smem, v_smem, vt_smem, k_ready, k_empty, v_ready, v_empty,
                 True, IS_CAUSAL, NUM_STAGES, BLOCK_N, BLOCK_D, BLOCK_D_TAIL,
-                MMA_S, P_OP, P_OPT, ROW_O, ROW_OT)
+                MMA_S, P_OP, P_OPT, ROW_O, ROW_OT, EXP2)
 
     # Epilogue: every real row saw its own key (or the sink), so l > 0 there.
     rows_o = row0 + gl.arange(0, _BM, layout=ROW_O)
@@ -462,7 +489,7 @@ def prefill_fwd_ws(
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, HAS_SINKS: gl.constexpr, PIPELINE: gl.constexpr,
     PINGPONG: gl.constexpr, P_SMEM: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, EXP2: gl.constexpr = 0,
 ):
     """Encoder attention, grid ``(max(cdiv(max_input_len, 128), 1), Hq, B)``; see the module docstring.
     Launched with ``num_warps=4`` (the first consumer group; the other group and the producer
@@ -512,12 +539,12 @@ def prefill_fwd_ws(
                      q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                      O, Sinks, B_Start_Loc, B_Seq_Len, qk_scale, stride_ot, stride_oh, total_tokens,
                      max_input_len, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, NUM_STAGES, IS_CAUSAL,
-                     HAS_SINKS, PIPELINE, PINGPONG, P_SMEM)),
+                     HAS_SINKS, PIPELINE, PINGPONG, P_SMEM, EXP2)),
         (_consumer, (1, q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem, p_smem, l_smem,
                      q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                      O, Sinks, B_Start_Loc, B_Seq_Len, qk_scale, stride_ot, stride_oh, total_tokens,
                      max_input_len, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, NUM_STAGES, IS_CAUSAL,
-                     HAS_SINKS, PIPELINE, PINGPONG, P_SMEM)),
+                     HAS_SINKS, PIPELINE, PINGPONG, P_SMEM, EXP2)),
         (_producer, (q_desc, qt_desc, k_desc, kt_desc, v_desc, vt_desc,
                      q_smem, qt_smem, k_smem, kt_smem, v_smem, vt_smem,
                      q_bar, k_ready, k_empty, v_ready, v_empty, B_Start_Loc, B_Seq_Len, kv_group,

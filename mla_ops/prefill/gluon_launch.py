@@ -49,6 +49,12 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # 1: P goes to the P.V wgmmas through a shared tile per group (64 x BLOCK_N) instead of
     # registers.
     "P_SMEM": 0,
+    # where the softmax's exponentials run: 0 on the MUFU; 2 (half of each score tile) or 4 (a
+    # quarter) on the FMA pipes instead (prefill/kernels.exp2_fma, FA4's trick).
+    "EXP2_FMA": 0,
+    # 1: every exponential replaced by one FMA. An ablation for benchmarks (how much of the
+    # time the exponentials cost): its results are wrong, and no table selects it.
+    "EXP2_ABLATE": 0,
     # registers per thread of the second consumer group / of the producer warp (setmaxnreg);
     # the first group (the default partition) keeps the rest of the 3 x 168 launch budget.
     "CONSUMER_REGS": 240,
@@ -101,6 +107,8 @@ def gluon_unsupported_shape(device: torch.device, dtype: torch.dtype, head_dim: 
         return "NUM_STAGES must be >= 2"
     if c["PINGPONG"] and not c["PIPELINE"]:
         return "PINGPONG needs PIPELINE"
+    if c["EXP2_FMA"] not in (0, 2, 4):
+        return f"EXP2_FMA {c['EXP2_FMA']}: 0, 2 or 4"
     why = sm90_reason(device)
     if why:
         return why
@@ -185,5 +193,6 @@ def launch_prefill_gluon(q, k, v, o, b_start_loc, b_seq_len, max_input_len, is_c
         HAS_SINKS=sinks is not None, PIPELINE=bool(c["PIPELINE"]),
         PINGPONG=bool(c["PINGPONG"] and c["PIPELINE"]), P_SMEM=bool(c["P_SMEM"]),
         PRODUCER_REGS=c["PRODUCER_REGS"], CONSUMER_REGS=c["CONSUMER_REGS"],
+        EXP2=-1 if c["EXP2_ABLATE"] else int(c["EXP2_FMA"]),
         num_warps=c["num_warps"],
     )

@@ -344,3 +344,21 @@ def context_attention_kernel(
         p_ot = O + off_oh + row_o[:, None] + offs_dt[None, :]  # [BLOCK_M, BLOCK_D_TAIL]
         tl.store(p_ot, (acc_t * inv_l[:, None]).to(O.dtype.element_ty),
                  mask=m_ok[:, None] & dt_ok[None, :])
+
+
+@triton.jit
+def exp2_fma(x):
+    """``2^x`` in fp32 for ``x <= 0`` on the FMA and integer pipes, no MUFU (FA4's trick): ``x``
+    is split into the nearest integer n (adding 1.5 * 2^23 rounds it into the low mantissa bits)
+    and f in [-0.5, 0.5]; 2^f by a degree-3 polynomial with 2^0 = 1 exact (relative error
+    1.0e-4, 13.3 bits: below the rounding of a 16-bit P); n added to the exponent field. Below
+    -127 (masked scores: -inf) it returns 0 exactly. The Gluon encoder kernel calls it on part
+    of each score tile (``gluon_kernels._exp2_tile``)."""
+    x = tl.maximum(x, -127.0)
+    j = x + 12582912.0
+    f = x - (j - 12582912.0)
+    p = f * 0.05500892922282219 + 0.24221095442771912
+    p = p * f + 0.6932829022407532
+    p = p * f + 1.0
+    bits = p.to(tl.int32, bitcast=True) + (j.to(tl.int32, bitcast=True) << 23)
+    return bits.to(tl.float32, bitcast=True)
