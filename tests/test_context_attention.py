@@ -114,6 +114,18 @@ def test_padded_head_stride_72(device, head_stride, aligned):
     _run(case)
 
 
+def test_o_in_its_own_layout(device):
+    """o's token and head strides differ from q's (a view of a wider buffer): each is indexed by
+    its own strides (an o addressed with q's would land its rows on the wrong tokens)."""
+    case = encoder_case(device, lens=[3, 40, 17], hq=2, hkv=1, d=72, gap=1, causal=True)
+    total, hq, d = case.q.shape
+    wide = torch.full((total, hq + 1, d + 8), float("nan"), dtype=case.q.dtype, device=device)
+    o = wide[:, 1:, :d]  # token stride 3 * 80, head stride 80: q's are 2 * 72 and 72
+    mla_ops.context_attention_fwd(**case.op_args(o=o), config=SMALL_TILES or None)
+    case.assert_matches(o)
+    assert wide[:, 0].isnan().all() and wide[:, 1:, d:].isnan().all()  # nothing else written
+
+
 def test_unaligned_copy_path(device):
     """Where the workaround applies (sm_90's CUDA backend), an odd-stride view runs on aligned
     copies and o is written back; tokens outside the sequences survive the round trip."""
