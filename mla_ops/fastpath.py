@@ -226,7 +226,26 @@ def _fact(v: Any) -> Any:
 
 _Tensor = torch.Tensor
 _SCALARS = (int, float, bool, type(None))
-_PLAIN = frozenset((_Tensor, *_SCALARS))  # what a public call may hand the op as it is
+# Per schema type, the Python types a public call may hand the op as they are: those the
+# dispatcher converts exactly as the Python checks would accept them. Anything else (a float
+# where an int goes, an int where a bool goes, a list where a tensor goes) takes the Python
+# path, whose checks name the argument; the dispatcher would refuse it without the name as a
+# RuntimeError, or take 1 for True.
+_ROUTED = {"Tensor": frozenset((_Tensor,)), "int": frozenset((int,)),
+           "float": frozenset((float, int)), "bool": frozenset((bool,))}
+
+
+@functools.lru_cache(maxsize=None)
+def _routed_types(op: str) -> dict[str, frozenset]:
+    """Argument name of ``mla::<op>`` -> the Python types its C++ route takes (``_ROUTED``;
+    a ``T?`` adds None, a list type takes nothing), in the schema's order."""
+    from .spec import OPS, parse_schema
+
+    out = {}
+    for arg in parse_schema(OPS[op].schema):
+        types = _ROUTED.get(arg.type.rstrip("?"), frozenset())
+        out[arg.name] = types | {type(None)} if arg.type.endswith("?") and types else types
+    return out
 
 
 def _key(op: str, values: tuple, plat) -> tuple | None:
@@ -568,7 +587,7 @@ def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Call
     from . import platform, tuning
 
     def wrap(launcher: Callable) -> Callable:
-        names = None
+        types = None  # (per position, by name): _routed_types, on the first call
 
         def python_path(args, kwargs, commit: bool):
             device = _device_of(args)
@@ -620,18 +639,18 @@ def recorded(op: str, tables: tuple[str, ...] = ()) -> Callable[[Callable], Call
 
         @functools.wraps(launcher)
         def call(*args, **kwargs):
-            nonlocal names
+            nonlocal types
             if _cpp_route[0]:
-                if names is None:
-                    from .host import _op_args
-
-                    names = _op_args(op)
-                first = args[0] if args else kwargs.get(names[0])
-                # Only arguments the op's schema takes as they are: anything else (a list where
-                # a tensor goes, a tensor subclass) takes the Python path, whose checks name it.
-                if type(first) is _Tensor and (first.is_cuda or _cpp_route[1]) and all(
-                        type(v) in _PLAIN for v in args) and (not kwargs or all(
-                        k in names and type(v) in _PLAIN for k, v in kwargs.items())):
+                if types is None:
+                    types = _routed_types(op)
+                    types = (tuple(types.values()), types)
+                first = args[0] if args else kwargs.get(next(iter(types[1])))
+                # Only arguments the op's schema takes as they are (_ROUTED): anything else
+                # (a float for an int, a tensor subclass) takes the Python path, which names it.
+                if type(first) is _Tensor and (first.is_cuda or _cpp_route[1]) and len(
+                        args) <= len(types[0]) and all(
+                        type(v) in t for v, t in zip(args, types[0])) and (not kwargs or all(
+                        type(v) in types[1].get(k, ()) for k, v in kwargs.items())):
                     return getattr(torch.ops.mla, op).default(*args, **kwargs)
             return python_path(args, kwargs, False)
 

@@ -28,6 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mla_ops
+from mla_ops import fastpath
 from mla_ops.reference import decode_verify_ref
 
 from builders import FP8, decode_case, encoder_case, interpret
@@ -39,6 +40,16 @@ NAN, INF = float("nan"), float("inf")
 def strided(t: torch.Tensor) -> torch.Tensor:
     """The values of ``t`` in a view whose last dimension has stride 2 (not contiguous)."""
     return torch.stack([t, t], -1).flatten(-2)[..., ::2]
+
+
+@pytest.fixture(params=["python", "C++"])
+def cpp_route(request, monkeypatch):
+    """The public function on the Python path, and on the route where it hands its arguments
+    to the op as they are (the C++ replays; on CPU tensors too, as the tests' dry run does):
+    a wrongly typed argument must leave that route for the checks that name it."""
+    if request.param == "C++":
+        monkeypatch.setattr(fastpath, "_cpp_route", [True, True])
+    return request.param
 
 
 def _call(path, function, op, args, device):
@@ -163,7 +174,7 @@ def test_decode_verify_bad_argument(device, path, arg, exc, make):
 
 @pytest.mark.parametrize("arg,exc,make", [c[1:] for c in DECODE_BAD_TYPES],
                          ids=[c[0] for c in DECODE_BAD_TYPES])
-def test_decode_verify_bad_argument_type(device, arg, exc, make):
+def test_decode_verify_bad_argument_type(device, cpp_route, arg, exc, make):
     _expect_refusal("function", mla_ops.decode_attention_fwd_verify, None, make(device), device,
                     exc, arg)
 
@@ -318,7 +329,7 @@ def test_context_attention_bad_argument(device, path, arg, exc, make):
 
 @pytest.mark.parametrize("arg,exc,make", [c[1:] for c in ENCODER_BAD_TYPES],
                          ids=[c[0] for c in ENCODER_BAD_TYPES])
-def test_context_attention_bad_argument_type(device, arg, exc, make):
+def test_context_attention_bad_argument_type(device, cpp_route, arg, exc, make):
     _expect_refusal("function", mla_ops.context_attention_fwd, None, make(device), device, exc,
                     arg)
 
