@@ -37,7 +37,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 test_() {
   python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 \
     || { echo "extension build failed:"; tail -20 "$OUT/build.log"; }
-  timeout "${SUITE_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-8}" \
+  timeout "${SUITE_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" \
     tests 2>&1 | tee "$OUT/pytest.log" | tail -25
   timeout 90 python3 -m mla_ops 2>&1 | tee "$OUT/main.log"
 }
@@ -46,7 +46,7 @@ suite() {
     || { echo "extension build failed:"; tail -20 "$OUT/build.log"; }
   for seed in ${SEEDS:-11 22}; do
     MLA_OPS_TEST_SEED=$seed timeout "${SUITE_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider \
-      -n "${PYTEST_WORKERS:-8}" tests 2>&1 | tee "$OUT/pytest_seed$seed.log" | tail -12
+      -n "${PYTEST_WORKERS:-14}" tests 2>&1 | tee "$OUT/pytest_seed$seed.log" | tail -12
   done
   timeout 90 python3 -m mla_ops 2>&1 | tee "$OUT/main.log"
 }
