@@ -69,8 +69,10 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     "QK_FIRST": 0,
     # the N of each P.V wgmma: 64 (one per 64-column V tile: four per group and k-step) or
     # 128 / 256 (one per half / all of the group's 256 V columns; the ring's consecutive
-    # tiles are one wide operand, so shared P is read once instead of four times).
-    "PV_N": 256,
+    # tiles are one wide operand, so shared P is read once instead of four times). On the
+    # H200 256 and 128 were within 1% of 64 (H128 0.7-1.0% faster, H16 0.5-0.8% slower;
+    # NOTES.md, the Gluon family): 64 stays.
+    "PV_N": 64,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
