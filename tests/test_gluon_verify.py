@@ -100,7 +100,7 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs.update(VARLEN=True, HAS_TREE=True)
     fn = gk._verify_stage1_alt if schedule.startswith("alt") else gk._verify_stage1_ws
     if schedule == "alt-qkfirst":
-        constexprs.update(QK_FIRST=True, OVERLAP=bool(cfg["OVERLAP"]))
+        constexprs["QK_FIRST"] = True
     return compile_sm90a(fn, sig, constexprs, cfg["num_warps"])
 
 

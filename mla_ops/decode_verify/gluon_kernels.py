@@ -418,8 +418,9 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
             mbarrier.arrive(kv_empty.index(s), count=1)
 
     # k_scale dequantizes V too.
-    _store_out(WG, acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O), k_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh,
-               stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA_O)
+    _store_out(WG, acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O), k_scale, marked, O, Lse,
+               Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh,
+               stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA_O)
 
 
 @gluon.jit
@@ -683,20 +684,21 @@ def _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, jp, l_i, acc, split_start, 
 @gluon.jit
 def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_smem, sa_smem, sm_smem, p_free,
                      p_ready, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N: gl.constexpr,
-                     HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr,
-                     MASK_ALL: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
+                     HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, ROW: gl.constexpr,
+                     COL: gl.constexpr):
     """The softmax of my block j (scores ``qk``) against the running row max of blocks < j
     (``sm_smem``); publishes P_j, alpha_j and m_j (tile ``s``) once both groups are done with
-    P_{j-2}'s tile. Keys past a row's limit are masked in the tail blocks, or in every block
-    with ``MASK_ALL`` (no branch). Returns (l, alpha_j)."""
+    P_{j-2}'s tile. Keys past a row's limit (or outside its draft tree) are masked in the tail
+    blocks. Returns (l, alpha_j)."""
     start = split_start + j * BLOCK_N
     sc = qk * qk_scale
-    if MASK_ALL:
-        sc = _mask_scores(sc, start, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N, HEAD_BOX,
-                          VARLEN, HAS_TREE, ROW, COL)
-    elif start + BLOCK_N > full_end:
-        sc = _mask_scores(sc, start, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N, HEAD_BOX,
-                          VARLEN, HAS_TREE, ROW, COL)
+    if start + BLOCK_N > full_end:
+        keys = start + gl.arange(0, BLOCK_N, layout=COL)
+        visible = keys[None, :] < lim[:, None]
+        if HAS_TREE:
+            visible = visible & _tree_visible(Tree_Mask, _first_row(row_base, qlen, VARLEN), tok0, qlen_b,
+                                              seq_len - qlen_b, start, BLOCK_N, HEAD_BOX, ROW, COL)
+        sc = gl.where(visible, sc, float("-inf"))
     m_prev = sm_smem.load(ROW)
     m_prev = gl.where(j > 0, m_prev, float("-inf"))  # (garbage before block 0)
     m_new = gl.maximum(m_prev, gl.max(sc, axis=1))
@@ -711,19 +713,6 @@ def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_sme
     fence_async_shared()
     mbarrier.arrive(p_ready.index(s), count=1)
     return l_i, alpha
-
-
-@gluon.jit
-def _mask_scores(sc, start, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N: gl.constexpr,
-                 HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, ROW: gl.constexpr,
-                 COL: gl.constexpr):
-    """Scores of keys a row does not see (past its limit, or outside its draft tree): -inf."""
-    keys = start + gl.arange(0, BLOCK_N, layout=COL)
-    visible = keys[None, :] < lim[:, None]
-    if HAS_TREE:
-        visible = visible & _tree_visible(Tree_Mask, _first_row(row_base, qlen, VARLEN), tok0, qlen_b,
-                                          seq_len - qlen_b, start, BLOCK_N, HEAD_BOX, ROW, COL)
-    return gl.where(visible, sc, float("-inf"))
 
 
 @gluon.jit
@@ -752,7 +741,7 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
                   LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr, cp_rank,
                   CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
-                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, PV_N: gl.constexpr, OVERLAP: gl.constexpr):
+                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, PV_N: gl.constexpr):
     """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
     and output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -799,24 +788,9 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
                 if j >= 1:
                     l_i, t = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc, split_start,
                                       kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, ROW_O)
-                    if OVERLAP:
-                        # My scores were committed before my half of P_{j-1} V_{j-1}: wait for
-                        # them alone, and run block j's softmax while that P.V is on the tensor
-                        # cores (branch-free: the in-flight accumulator must not cross an if).
-                        qk = warpgroup_mma_wait(1, deps=(tq, ))
-                        l_i, alpha = _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_smem,
-                                                      sa_smem, sm_smem, p_free, p_ready, Tree_Mask, row_base, qlen,
-                                                      tok0, qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE,
-                                                      True, ROW, COL)
-                        acc = warpgroup_mma_wait(0, deps=(t, ))
-                        mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-                        mbarrier.arrive(p_free.index(sp), count=1)
-                        acc = _pv_own(acc, alpha, kv_smem, sp_smem, empty, p_free, s, base, split_start + j * BLOCK_N,
-                                      kv_end, WG, V0, V_TILES, BLOCK_N, LV, ROW_O)
-                    else:
-                        qk, acc = warpgroup_mma_wait(0, deps=(tq, t))
-                        mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-                        mbarrier.arrive(p_free.index(sp), count=1)
+                    qk, acc = warpgroup_mma_wait(0, deps=(tq, t))
+                    mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
+                    mbarrier.arrive(p_free.index(sp), count=1)
                 else:
                     qk = warpgroup_mma_wait(0, deps=(tq, ))
             else:
@@ -841,13 +815,10 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
             else:
                 tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, 0, qk, BLOCK_N, N_DT)
                 qk = warpgroup_mma_wait(0, deps=(tq, ))
-        mine = n_blocks  # my block j < mine still needs its softmax and P.V here
-        if OVERLAP:
-            mine = gl.minimum(n_blocks, 1)  # (done above but at j = 0)
-        if j < mine:
+        if j < n_blocks:
             l_i, alpha = _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_smem, sa_smem,
                                           sm_smem, p_free, p_ready, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len,
-                                          BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, False, ROW, COL)
+                                          BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
             acc = _pv_own(acc, alpha, kv_smem, sp_smem, empty, p_free, s, base, split_start + j * BLOCK_N, kv_end,
                           WG, V0, V_TILES, BLOCK_N, LV, ROW_O)
 
@@ -857,9 +828,9 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
     mbarrier.wait(l_bar, 0)
     l_i = l_i + sl_smem.index(1 - WG).load(ROW)
     m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
-    _store_out(WG, acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O), 1.0, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
-               qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-               HEAD_BOX, LV, SINGLE, VARLEN, MMA_O)
+    _store_out(WG, acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O), 1.0, marked, O, Lse, Mid,
+               row_base, pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+               stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA_O)
 
 
 @gluon.jit
@@ -913,7 +884,7 @@ def _verify_stage1_alt(
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, QK_FIRST: gl.constexpr = False,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
-    HAS_TREE: gl.constexpr = False, PV_N: gl.constexpr = 64, OVERLAP: gl.constexpr = False,
+    HAS_TREE: gl.constexpr = False, PV_N: gl.constexpr = 64,
 ):
     """Stage 1 with the alternating schedule (bf16 caches only; same arguments as
     ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2)."""
@@ -924,7 +895,6 @@ def _verify_stage1_alt(
     gl.static_assert(LV == 8 * _DT)
     gl.static_assert(NUM_STAGES == 2)
     gl.static_assert(not k_desc.dtype.is_fp8())
-    gl.static_assert(QK_FIRST or not OVERLAP)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_DT - 1, TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
     kv_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
@@ -956,14 +926,14 @@ def _verify_stage1_alt(
                          stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                          N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask,
-                         num_rows, VARLEN, HAS_TREE, PV_N, OVERLAP)),
+                         num_rows, VARLEN, HAS_TREE, PV_N)),
         (_consumer_alt, (1, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
                          p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
                          qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
                          stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                          N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask,
-                         num_rows, VARLEN, HAS_TREE, PV_N, OVERLAP)),
+                         num_rows, VARLEN, HAS_TREE, PV_N)),
         (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
                          Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                          kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,

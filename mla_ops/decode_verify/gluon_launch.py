@@ -67,11 +67,6 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # "alt" only: a group issues the score wgmmas of its next block before it waits for the other
     # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
     "QK_FIRST": 0,
-    # "alt" with QK_FIRST (ignored without: it needs the scores committed before the P.V they
-    # overlap): wait for the scores alone and run the block's softmax while the group's half
-    # of the other group's P.V is still on the tensor cores, instead of waiting for both; the
-    # scores are then masked in every block (no branch may cross an in-flight wgmma).
-    "OVERLAP": 1,
     # the N of each P.V wgmma: 64 (one per 64-column V tile: four per group and k-step) or
     # 128 / 256 (one per half / all of the group's 256 V columns; the ring's consecutive
     # tiles are one wide operand, so shared P is read once instead of four times). On the
@@ -212,8 +207,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     grid = (gluon_row_blocks(qlen, num_heads) * batch * num_kv_splits,)
     fp8 = k_buffer.dtype == torch.float8_e4m3fn
     kernel = _gk._verify_stage1_alt if (c["SCHEDULE"] == "alt" and not fp8) else _gk._verify_stage1_ws
-    extra = ({"QK_FIRST": bool(c["QK_FIRST"]), "OVERLAP": bool(c["QK_FIRST"] and c["OVERLAP"])}
-             if kernel is _gk._verify_stage1_alt else {})
+    extra = {"QK_FIRST": bool(c["QK_FIRST"])} if kernel is _gk._verify_stage1_alt else {}
     launch(kernel, grid,
         q_desc, k_desc, exp2_scale(sm_scale), req_to_token, seq_lens,
         real_lens if has_real else seq_lens, ws_arg, o, lse, k_scale,
