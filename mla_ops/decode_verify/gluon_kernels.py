@@ -298,6 +298,35 @@ def _convert_tile(src, dst, n_valid, row0: gl.constexpr, ROWS: gl.constexpr, LAY
 
 
 @gluon.jit
+def _mask_tail(sc, start, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N: gl.constexpr,
+               HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, ROW: gl.constexpr,
+               COL: gl.constexpr):
+    """Scores ``sc`` of the block ``[start, start + BLOCK_N)``, -inf where a row does not see
+    the key (past its limit or the split end, outside its draft tree), whatever the cache holds
+    there; only a block past ``full_end`` has such keys."""
+    if start + BLOCK_N > full_end:
+        keys = start + gl.arange(0, BLOCK_N, layout=COL)
+        visible = keys[None, :] < lim[:, None]
+        if HAS_TREE:
+            visible = visible & _tree_visible(Tree_Mask, _first_row(row_base, qlen, VARLEN), tok0, qlen_b,
+                                              seq_len - qlen_b, start, BLOCK_N, HEAD_BOX, ROW, COL)
+        sc = gl.where(visible, sc, float("-inf"))
+    return sc
+
+
+@gluon.jit
+def _online_softmax(sc, m_prev, l_i):
+    """One block of the online softmax (base 2): the new row max, the rescale of what came
+    before, P and the row sums. A row that has seen no key keeps m = -inf; subtracting 0 then
+    keeps exp2(-inf + inf) out."""
+    m_new = gl.maximum(m_prev, gl.max(sc, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_prev - m_safe)
+    p = gl.exp2(sc - m_safe[:, None])
+    return m_new, alpha, p, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
               Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
               Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
@@ -392,22 +421,9 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
                                _k_tile(k_tiles, k_base + c, BLOCK_N, KV_FP8).permute((1, 0)),
                                qk, is_async=True)
         qk = warpgroup_mma_wait(0, deps=(qk, ))
-        qk = qk * scale
-        if start + BLOCK_N > full_end:
-            # Keys past a row's limit (or the split end): -inf, whatever the cache holds there.
-            keys = start + gl.arange(0, BLOCK_N, layout=COL)
-            visible = keys[None, :] < lim[:, None]
-            if HAS_TREE:
-                visible = visible & _tree_visible(Tree_Mask, _first_row(row_base, qlen, VARLEN), tok0, qlen_b,
-                                                  seq_len - qlen_b, start, BLOCK_N, HEAD_BOX, ROW, COL)
-            qk = gl.where(visible, qk, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(qk, axis=1))
-        # A row that has seen no key keeps m = -inf; subtracting 0 keeps exp2(-inf + inf) out.
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
+        qk = _mask_tail(qk * scale, start, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N,
+                        HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+        m_i, alpha, p, l_i = _online_softmax(qk, m_i, l_i)
         acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
         p_op = gl.convert_layout(p.to(CDT), P_OP)
         acc = warpgroup_mma(p_op, _v_half(k_tiles, k_base + V0, BLOCK_N, LV // 2), acc, is_async=True)
@@ -690,22 +706,11 @@ def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_sme
     (``sm_smem``); publishes P_j, alpha_j and m_j (tile ``s``) once both groups are done with
     P_{j-2}'s tile. Keys past a row's limit (or outside its draft tree) are masked in the tail
     blocks. Returns (l, alpha_j)."""
-    start = split_start + j * BLOCK_N
-    sc = qk * qk_scale
-    if start + BLOCK_N > full_end:
-        keys = start + gl.arange(0, BLOCK_N, layout=COL)
-        visible = keys[None, :] < lim[:, None]
-        if HAS_TREE:
-            visible = visible & _tree_visible(Tree_Mask, _first_row(row_base, qlen, VARLEN), tok0, qlen_b,
-                                              seq_len - qlen_b, start, BLOCK_N, HEAD_BOX, ROW, COL)
-        sc = gl.where(visible, sc, float("-inf"))
+    sc = _mask_tail(qk * qk_scale, split_start + j * BLOCK_N, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b,
+                    seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
     m_prev = sm_smem.load(ROW)
     m_prev = gl.where(j > 0, m_prev, float("-inf"))  # (garbage before block 0)
-    m_new = gl.maximum(m_prev, gl.max(sc, axis=1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2(m_prev - m_safe)
-    p = gl.exp2(sc - m_safe[:, None])
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    m_new, alpha, p, l_i = _online_softmax(sc, m_prev, l_i)
     mbarrier.wait(p_free.index(s), ((j // 2) & 1) ^ 1)
     sp_smem.index(s).store(p.to(gl.bfloat16))
     sa_smem.index(s).store(alpha)
