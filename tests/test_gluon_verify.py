@@ -89,7 +89,7 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
     constexprs = {"LV": LV, "LK": LK, "BLOCK_N": cfg["BLOCK_N"], "NUM_STAGES": cfg["NUM_STAGES"],
                   "SPLIT_ALIGN": cfg["SPLIT_ALIGN"], "MIN_SPLIT_LEN": cfg["MIN_SPLIT_LEN"],
                   "SINGLE": single, "PRODUCER_REGS": cfg["PRODUCER_REGS"],
-                  "CONSUMER_REGS": cfg["CONSUMER_REGS"], "PV_N": cfg["PV_N"]}
+                  "CONSUMER_REGS": cfg["CONSUMER_REGS"]}
     if cp:
         sig["cp_rank"] = "i32"
         constexprs.update(CP_WORLD=2, CP_INTERLEAVE=64)

@@ -79,6 +79,12 @@ _BM = gl.constexpr(64)  # rows per CTA: one wgmma M
 _DT = gl.constexpr(64)  # columns per shared tile: 128 B of 16-bit values, one swizzle row
 
 
+@gluon.constexpr_function
+def _wgmma_layout(n):
+    """The accumulator layout of a 64-row wgmma of instruction N ``n`` on one warpgroup."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
 def _row_limit(tok, seq_len, real_len, qlen):
     """``max(min(L - qlen + 1 + t, L_real), 0)`` of verify token t (scalar or tensor)."""
@@ -335,12 +341,10 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
               MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, KV_FP8: gl.constexpr,
               cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
-              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, PV_N: gl.constexpr):
+              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """One consumer warpgroup: output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    MMA_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, PV_N, 16])
+    MMA: gl.constexpr = _wgmma_layout(BLOCK_N)  # the scores
+    MMA_O: gl.constexpr = _wgmma_layout(_DT)  # this group's O, four [64, 64] accumulators
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
@@ -369,7 +373,10 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
                 qt = q_smem.index(c).reshape([_BM, _DT])
                 x = gl.minimum(gl.maximum(qt.load(QT_L).to(gl.float32), -65504.0), 65504.0)
                 qt.reinterpret(gl.float16, [_BM, _DT], qt.layout).store(x.to(gl.float16))
-    acc = gl.zeros([_BM, LV // 2], gl.float32, MMA_O)
+    acc0 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
+    acc1 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
+    acc2 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
+    acc3 = gl.zeros([_BM, _DT], gl.float32, MMA_O)
     m_i = gl.full([_BM], float("-inf"), gl.float32, ROW)
     l_i = gl.zeros([_BM], gl.float32, ROW)
     k_scale = gl.load(K_Scale)
@@ -424,19 +431,26 @@ def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_e
         qk = _mask_tail(qk * scale, start, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N,
                         HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
         m_i, alpha, p, l_i = _online_softmax(qk, m_i, l_i)
-        acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+        alpha_o = gl.convert_layout(alpha, ROW_O)[:, None]
+        acc0 = acc0 * alpha_o
+        acc1 = acc1 * alpha_o
+        acc2 = acc2 * alpha_o
+        acc3 = acc3 * alpha_o
         p_op = gl.convert_layout(p.to(CDT), P_OP)
-        acc = warpgroup_mma(p_op, _v_half(k_tiles, k_base + V0, BLOCK_N, LV // 2), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        acc0 = warpgroup_mma(p_op, _k_tile(k_tiles, k_base + V0 + 0, BLOCK_N, KV_FP8), acc0, is_async=True)
+        acc1 = warpgroup_mma(p_op, _k_tile(k_tiles, k_base + V0 + 1, BLOCK_N, KV_FP8), acc1, is_async=True)
+        acc2 = warpgroup_mma(p_op, _k_tile(k_tiles, k_base + V0 + 2, BLOCK_N, KV_FP8), acc2, is_async=True)
+        acc3 = warpgroup_mma(p_op, _k_tile(k_tiles, k_base + V0 + 3, BLOCK_N, KV_FP8), acc3, is_async=True)
+        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(acc0, acc1, acc2, acc3))
         if KV_FP8:
             mbarrier.arrive(conv_free, count=1)
         else:
             mbarrier.arrive(kv_empty.index(s), count=1)
 
     # k_scale dequantizes V too.
-    _store_out(WG, acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O), k_scale, marked, O, Lse,
-               Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh,
-               stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA_O)
+    _store_out(WG, acc0, acc1, acc2, acc3, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O),
+               k_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh,
+               stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA_O)
 
 
 @gluon.jit
@@ -456,19 +470,6 @@ def _k_tile(tiles, idx, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr):
         return tiles.index(idx)  # the fp16 tile: [BLOCK_N, 64] already
     else:
         return tiles.index(idx).reshape([BLOCK_N, _DT])  # a TMA destination [1, BLOCK_N, 64]
-
-
-@gluon.jit
-def _v_half(tiles, idx, BLOCK_N: gl.constexpr, W: gl.constexpr):
-    """Column tiles ``idx .. idx + W/64 - 1`` of a KV block as one ``[BLOCK_N, W]`` shared view,
-    the B operand of a P.V wgmma with N up to W. A 128-byte-swizzled NVMMA layout wider than
-    its swizzle holds each 64-column chunk as a ``[rows, 64]`` block, one after the other
-    (triton's nvmmaSharedToLinearLayout), which is how consecutive tiles of the ring lie: the
-    descriptor's leading byte offset steps one tile (8 KB) per 64 columns."""
-    t = tiles.index(idx)
-    return t.reinterpret(t.dtype, [BLOCK_N, W],
-                         gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=t.dtype.primitive_bitwidth,
-                                              rank=2))
 
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
@@ -501,7 +502,6 @@ def _verify_stage1_ws(
     num_rows=None,  # VARLEN: rows of q / o / lse
     VARLEN: gl.constexpr = False,  # qlen is then the most rows a request has
     HAS_TREE: gl.constexpr = False,
-    PV_N: gl.constexpr = 64,  # the P.V wgmma's N: 64 (one per V tile) or 256 (one per group's V half)
 ):
     """Stage 1, one CTA per (row block, request, split); see the module docstring. Launched
     with ``num_warps=4`` (the first consumer group; the other group and the producer warp are
@@ -543,14 +543,14 @@ def _verify_stage1_ws(
                      stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                      NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
-                     Tree_Mask, num_rows, VARLEN, HAS_TREE, PV_N)),
+                     Tree_Mask, num_rows, VARLEN, HAS_TREE)),
         (_consumer, (1, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
                      Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
                      Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
                      stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                      NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
-                     Tree_Mask, num_rows, VARLEN, HAS_TREE, PV_N)),
+                     Tree_Mask, num_rows, VARLEN, HAS_TREE)),
         (_producer, (q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                      page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES,
@@ -679,22 +679,35 @@ def _issue_scores(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, base, zero, 
 
 
 @gluon.jit
-def _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, jp, l_i, acc, split_start, kv_end,
+def _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, jp, l_i, acc0, acc1, acc2, acc3, split_start, kv_end,
              V0: gl.constexpr, V_TILES: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
-             ROW: gl.constexpr, ROW_O: gl.constexpr):
+             ROW: gl.constexpr):
     """The other group's block jp (stage / P tile sp): wait for its P and alpha, rescale my O
-    half and row sums, zero the tail's V rows, issue my half of P V. Returns (l, the in-flight
-    accumulator)."""
+    half and row sums, zero the tail's V rows, issue my half of P V. Returns (l, the 4
+    in-flight accumulators)."""
     mbarrier.wait(p_ready.index(sp), (jp // 2) & 1)
     alpha = sa_smem.index(sp).load(ROW)
     l_i = l_i * alpha
-    acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+    acc0 = acc0 * alpha[:, None]
+    acc1 = acc1 * alpha[:, None]
+    acc2 = acc2 * alpha[:, None]
+    acc3 = acc3 * alpha[:, None]
     start_p = split_start + jp * BLOCK_N
     if start_p + BLOCK_N > kv_end:
         _zero_v_tail(kv_smem, sp * N_DT, V0, V_TILES, kv_end - start_p, BLOCK_N)
-    t = warpgroup_mma(sp_smem.index(sp), _v_half(kv_smem, sp * N_DT + V0, BLOCK_N, V_TILES * _DT), acc,
-                      is_async=True)
-    return l_i, t
+    t0, t1, t2, t3 = _pv_issue(sp_smem.index(sp), kv_smem, sp * N_DT + V0, acc0, acc1, acc2, acc3, BLOCK_N)
+    return l_i, t0, t1, t2, t3
+
+
+@gluon.jit
+def _pv_issue(p_sm, kv_smem, v_base, acc0, acc1, acc2, acc3, BLOCK_N: gl.constexpr):
+    """Issue ``P V`` on V tiles ``v_base .. v_base + 3`` into the four O accumulators (P from
+    shared memory); returns them in flight."""
+    t0 = warpgroup_mma(p_sm, kv_smem.index(v_base + 0).reshape([BLOCK_N, _DT]), acc0, is_async=True)
+    t1 = warpgroup_mma(p_sm, kv_smem.index(v_base + 1).reshape([BLOCK_N, _DT]), acc1, is_async=True)
+    t2 = warpgroup_mma(p_sm, kv_smem.index(v_base + 2).reshape([BLOCK_N, _DT]), acc2, is_async=True)
+    t3 = warpgroup_mma(p_sm, kv_smem.index(v_base + 3).reshape([BLOCK_N, _DT]), acc3, is_async=True)
+    return t0, t1, t2, t3
 
 
 @gluon.jit
@@ -721,19 +734,21 @@ def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_sme
 
 
 @gluon.jit
-def _pv_own(acc, alpha, kv_smem, sp_smem, empty, p_free, s, base, start, kv_end, WG: gl.constexpr,
-            V0: gl.constexpr, V_TILES: gl.constexpr, BLOCK_N: gl.constexpr, LV: gl.constexpr,
-            ROW_O: gl.constexpr):
+def _pv_own(acc0, acc1, acc2, acc3, alpha, kv_smem, sp_smem, empty, p_free, s, base, start, kv_end,
+            WG: gl.constexpr, V0: gl.constexpr, V_TILES: gl.constexpr, BLOCK_N: gl.constexpr):
     """My half of P_j V_j for my block j (stage and P tile ``s``): rescale O by alpha_j, zero
-    the tail's V rows, the wgmma, then release my half of the stage and the P tile."""
-    acc = acc * gl.convert_layout(alpha, ROW_O)[:, None]
+    the tail's V rows, the wgmmas, then release my half of the stage and the P tile."""
+    acc0 = acc0 * alpha[:, None]
+    acc1 = acc1 * alpha[:, None]
+    acc2 = acc2 * alpha[:, None]
+    acc3 = acc3 * alpha[:, None]
     if start + BLOCK_N > kv_end:
         _zero_v_tail(kv_smem, base, V0, V_TILES, kv_end - start, BLOCK_N)
-    acc = warpgroup_mma(sp_smem.index(s), _v_half(kv_smem, base + V0, BLOCK_N, LV // 2), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    acc0, acc1, acc2, acc3 = _pv_issue(sp_smem.index(s), kv_smem, base + V0, acc0, acc1, acc2, acc3, BLOCK_N)
+    acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(acc0, acc1, acc2, acc3))
     mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half of my block j is done
     mbarrier.arrive(p_free.index(s), count=1)
-    return acc
+    return acc0, acc1, acc2, acc3
 
 
 @gluon.jit
@@ -746,16 +761,12 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
                   LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr, cp_rank,
                   CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
-                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, PV_N: gl.constexpr):
+                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
     and output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    MMA_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, PV_N, 16])
+    MMA: gl.constexpr = _wgmma_layout(BLOCK_N)  # the scores
     OP_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    ROW_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     V_TILES: gl.constexpr = LV // _DT // 2
     V0: gl.constexpr = WG * V_TILES
@@ -767,7 +778,10 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
                                   VARLEN, HAS_TREE, ROW)
 
     q_rope = sp_smem.index(1).load(OP_A)  # [64, 64] bf16, the A operand of the rope wgmma
-    acc = gl.zeros([_BM, LV // 2], gl.float32, MMA_O)
+    acc0 = gl.zeros([_BM, _DT], gl.float32, MMA)  # my O half, by 64 columns
+    acc1 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    acc2 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    acc3 = gl.zeros([_BM, _DT], gl.float32, MMA)
     l_i = gl.zeros([_BM], gl.float32, ROW)
     qk = gl.zeros([_BM, BLOCK_N], gl.float32, MMA)
 
@@ -791,30 +805,31 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
                 tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1, qk,
                                    BLOCK_N, N_DT)
                 if j >= 1:
-                    l_i, t = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc, split_start,
-                                      kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, ROW_O)
-                    qk, acc = warpgroup_mma_wait(0, deps=(tq, t))
+                    l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
+                                                   acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT,
+                                                   ROW)
+                    qk, acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(tq, t0, t1, t2, t3))
                     mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
                     mbarrier.arrive(p_free.index(sp), count=1)
                 else:
                     qk = warpgroup_mma_wait(0, deps=(tq, ))
             else:
-                l_i, t = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc, split_start,
-                                  kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, ROW_O)
-                acc = warpgroup_mma_wait(0, deps=(t, ))
+                l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
+                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(2 * sp + WG), count=1)
                 mbarrier.arrive(p_free.index(sp), count=1)
         else:
             # My half of P_{j-1} V_{j-1} first, my scores queued behind it.
             if j >= 1:
-                l_i, t = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc, split_start,
-                                  kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, ROW_O)
+                l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
+                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
                 if j < n_blocks:
                     tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1, qk,
                                        BLOCK_N, N_DT)
-                    qk, acc = warpgroup_mma_wait(0, deps=(tq, t))
+                    qk, acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(tq, t0, t1, t2, t3))
                 else:
-                    acc = warpgroup_mma_wait(0, deps=(t, ))
+                    acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
                 mbarrier.arrive(p_free.index(sp), count=1)
             else:
@@ -824,8 +839,8 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
             l_i, alpha = _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_smem, sa_smem,
                                           sm_smem, p_free, p_ready, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len,
                                           BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
-            acc = _pv_own(acc, alpha, kv_smem, sp_smem, empty, p_free, s, base, split_start + j * BLOCK_N, kv_end,
-                          WG, V0, V_TILES, BLOCK_N, LV, ROW_O)
+            acc0, acc1, acc2, acc3 = _pv_own(acc0, acc1, acc2, acc3, alpha, kv_smem, sp_smem, empty, p_free, s, base,
+                                             split_start + j * BLOCK_N, kv_end, WG, V0, V_TILES, BLOCK_N)
 
     # l = my row sums + the other group's; m = the last published running max.
     sl_smem.index(WG).store(l_i)
@@ -833,19 +848,19 @@ def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, 
     mbarrier.wait(l_bar, 0)
     l_i = l_i + sl_smem.index(1 - WG).load(ROW)
     m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
-    _store_out(WG, acc, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O), 1.0, marked, O, Lse, Mid,
-               row_base, pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
-               stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA_O)
+    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, 1.0, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
+               qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+               HEAD_BOX, LV, SINGLE, VARLEN, MMA)
 
 
 @gluon.jit
-def _store_out(WG: gl.constexpr, acc, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
+def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
                tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
                VARLEN: gl.constexpr, MMA: gl.constexpr):
-    """o (or the split's partial o and its lse) of this group's columns from its accumulator
-    ``acc`` ``[64, LV/2]``: rows that saw no key get o = 0 and lse = -inf; a marked request NaN
-    in both. The request's ``qlen_b`` rows start at row ``_first_row(row_base, qlen, VARLEN)``
+    """o (or the split's partial o and its lse) of this group's columns from its four
+    ``[64, 64]`` accumulators: rows that saw no key get o = 0 and lse = -inf; a marked request
+    NaN in both. The request's ``qlen_b`` rows start at row ``_first_row(row_base, qlen, VARLEN)``
     of o / lse / Mid."""
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
@@ -859,18 +874,24 @@ def _store_out(WG: gl.constexpr, acc, l_i, m_i, v_scale, marked, O, Lse, Mid, ro
     head = head0 + rows % HEAD_BOX
     row_valid = tok < qlen_b
     q_row = (_first_row(row_base, qlen, VARLEN) + tok).to(gl.int64)
-    cols = gl.arange(0, LV // 2, layout=COL)
-    mask = row_valid[:, None] & (cols[None, :] < LV // 2)
+    cols = gl.arange(0, _DT, layout=COL)
+    mask = row_valid[:, None] & (cols[None, :] < _DT)
     col0 = WG * (LV // 2)
     if SINGLE:
         p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + col0 + cols[None, :]
-        gl.store(p_o, (acc * inv_l).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o, (acc0 * inv_l).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + _DT, (acc1 * inv_l).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + 2 * _DT, (acc2 * inv_l).to(O.dtype.element_ty), mask=mask)
+        gl.store(p_o + 3 * _DT, (acc3 * inv_l).to(O.dtype.element_ty), mask=mask)
         if WG == 0:
             gl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=row_valid)
     else:
         p_m = (Mid + q_row[:, None] * stride_mid_m + head[:, None] * stride_mid_h
                + pid_s * stride_mid_s + col0 + cols[None, :])
-        gl.store(p_m, acc * inv_l, mask=mask)
+        gl.store(p_m, acc0 * inv_l, mask=mask)
+        gl.store(p_m + _DT, acc1 * inv_l, mask=mask)
+        gl.store(p_m + 2 * _DT, acc2 * inv_l, mask=mask)
+        gl.store(p_m + 3 * _DT, acc3 * inv_l, mask=mask)
         if WG == 0:
             gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV, lse,
                      mask=row_valid)
@@ -889,7 +910,7 @@ def _verify_stage1_alt(
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, QK_FIRST: gl.constexpr = False,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
-    HAS_TREE: gl.constexpr = False, PV_N: gl.constexpr = 64,
+    HAS_TREE: gl.constexpr = False,
 ):
     """Stage 1 with the alternating schedule (bf16 caches only; same arguments as
     ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2)."""
@@ -931,14 +952,14 @@ def _verify_stage1_alt(
                          stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                          N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask,
-                         num_rows, VARLEN, HAS_TREE, PV_N)),
+                         num_rows, VARLEN, HAS_TREE)),
         (_consumer_alt, (1, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
                          p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
                          qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
                          stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                          stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                          N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask,
-                         num_rows, VARLEN, HAS_TREE, PV_N)),
+                         num_rows, VARLEN, HAS_TREE)),
         (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
                          Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                          kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,

@@ -67,12 +67,6 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # "alt" only: a group issues the score wgmmas of its next block before it waits for the other
     # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
     "QK_FIRST": 0,
-    # the N of each P.V wgmma: 64 (one per 64-column V tile: four per group and k-step) or
-    # 128 / 256 (one per half / all of the group's 256 V columns; the ring's consecutive
-    # tiles are one wide operand, so shared P is read once instead of four times). On the
-    # H200 256 and 128 were within 1% of 64 (H128 0.7-1.0% faster, H16 0.5-0.8% slower;
-    # NOTES.md, the Gluon family): 64 stays.
-    "PV_N": 64,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -113,8 +107,6 @@ def gluon_unsupported_shape(device: torch.device, q_dtype: torch.dtype, kv_dtype
         return "NUM_STAGES must be >= 2"
     if c["SCHEDULE"] not in ("alt", "redundant"):
         return f"SCHEDULE {c['SCHEDULE']!r}: 'alt' or 'redundant'"
-    if c["PV_N"] not in (64, 128, 256):
-        return f"PV_N {c['PV_N']}: 64, 128 or 256"
     if c["SCHEDULE"] == "alt" and c["NUM_STAGES"] != 2 and kv_dtype == torch.bfloat16:
         return "SCHEDULE 'alt' is written for NUM_STAGES 2"
     why = sm90_reason(device)
@@ -218,7 +210,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         SPLIT_ALIGN=c["SPLIT_ALIGN"], MIN_SPLIT_LEN=c["MIN_SPLIT_LEN"], SINGLE=single,
         PRODUCER_REGS=c["PRODUCER_REGS"], CONSUMER_REGS=c["CONSUMER_REGS"],
         CP_WORLD=cp_world, CP_INTERLEAVE=cp_interleave if cp_world > 1 else 1,
-        num_warps=c["num_warps"], PV_N=c["PV_N"], **extra,
+        num_warps=c["num_warps"], **extra,
         # Ragged rows / draft trees: passed only when given, so that a call without them runs
         # exactly the kernel without them.
         **({"Qo_Indptr": qo_indptr, "num_rows": q.shape[0], "VARLEN": True}
