@@ -5,7 +5,8 @@ signature and constexprs (no GPU, no launch) and runs the ptxas that triton uses
 ``ptxas_facts`` reads what the tests assert from the result: registers, spill bytes, whether
 ptxas serialized the wgmmas, shared memory, wgmma / TMA present, the setmaxnreg values.
 ``run_in_subprocess`` runs a module's compile loop outside ``TRITON_INTERPRET`` (the suite runs
-under the interpreter on CPU machines, and Gluon only compiles outside it).
+under the interpreter on CPU machines, and Gluon only compiles outside it); ``run_once`` does it
+once per test session when pytest-xdist spreads a module over several workers.
 """
 
 from __future__ import annotations
@@ -66,13 +67,52 @@ def ptxas_facts(kernel, report: str) -> dict:
     }
 
 
-def run_in_subprocess(module: str, func: str, timeout: int = 900) -> list:
+def run_in_subprocess(module: str, func: str, timeout: int = 900, shard=(0, 1)) -> list:
     """Run ``module.func()`` (which prints one JSON line per variant, starting with ``[``) in a
     subprocess without TRITON_INTERPRET; returns the parsed lines."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "tests"), env.get("PYTHONPATH", "")])
+    env[SHARD_ENV] = "{}/{}".format(*shard)
     out = subprocess.run([sys.executable, "-c", f"import {module} as t; t.{func}()"],
                          cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("[")]
+
+
+
+SHARD_ENV = "MLA_OPS_OFFLINE_SHARD"  # "i/n": the compile loop's share (run_once)
+
+
+def shard_of(items: list) -> list:
+    """The items of this compile loop's share (``SHARD_ENV``, every n-th from i); all of them
+    when the variable is unset."""
+    i, n = map(int, os.environ.get(SHARD_ENV, "0/1").split("/"))
+    return items[i::n]
+
+
+def run_once(tmp_path_factory, module: str, func: str, timeout: int = 900) -> list:
+    """``run_in_subprocess(module, func)`` once per test session, spread over the pytest-xdist
+    workers. Each worker that runs a test of the module computes its module-scoped fixture
+    itself, so two workers compiled every variant twice. Here the loop is cut into one share
+    per worker (``shard_of``): a worker compiles its own share first, then, share by share
+    under a file lock in the folder the session's workers share, reads the shares the others
+    left there, or compiles one that nobody has."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: each worker compiles everything
+        return run_in_subprocess(module, func, timeout)
+    root, worker = tmp_path_factory.getbasetemp(), os.environ.get("PYTEST_XDIST_WORKER")
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if worker else 1
+    if worker:
+        root = root.parent  # pytest-N, this session's; each worker has its own folder below it
+    me = int(worker[2:]) % n if worker else 0  # "gw1" -> 1
+    out = []
+    for k in [me] + [i for i in range(n) if i != me]:
+        path = root / f"{module}.{func}.{k}of{n}.json"
+        with open(root / f"{module}.{func}.{k}of{n}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                path.write_text(json.dumps(run_in_subprocess(module, func, timeout, shard=(k, n))))
+            out += json.loads(path.read_text())
+    return out

@@ -32,7 +32,7 @@ from mla_ops.prefill.configs import select_prefill_config
 from mla_ops.prefill.kernels import exp2_fma
 
 from builders import encoder_case
-from gluon_offline import compile_sm90a, ptxas_facts, run_in_subprocess, tensordesc
+from gluon_offline import compile_sm90a, ptxas_facts, run_once, shard_of, tensordesc
 
 _GLUON_WHY = gla.gluon_available()  # why the Gluon kernels may not run here
 _BUILD_WHY = gluon_support.gluon_buildable()  # why they may not even compile here
@@ -222,24 +222,22 @@ def _compile_all_main() -> None:  # run in a subprocess (see offline_reports)
     import json
     import sys
 
-    for d, causal, cfg in VARIANTS:
-        kernel, report = _compile(d, causal, cfg)
-        facts = {**ptxas_facts(kernel, report), "ex2": kernel.asm["ptx"].count("ex2.approx")}
-        sys.stdout.write(json.dumps([[d, causal, 0], facts]) + "\n")
-    d, causal, cfg = next(v for v in VARIANTS if v[:2] == (72, False))
-    for exp2 in EXP2_VARIANTS:
+    d72 = next(v for v in VARIANTS if v[:2] == (72, False))
+    jobs = [(*v, 0) for v in VARIANTS] + [(*d72, exp2) for exp2 in EXP2_VARIANTS]
+    for d, causal, cfg, exp2 in shard_of(jobs):
         kernel, report = _compile(d, causal, cfg, exp2=exp2)
         facts = {**ptxas_facts(kernel, report), "ex2": kernel.asm["ptx"].count("ex2.approx")}
         sys.stdout.write(json.dumps([[d, causal, exp2], facts]) + "\n")
 
 
 @pytest.fixture(scope="module")
-def offline_reports():
+def offline_reports(tmp_path_factory):
     """All variants compiled once, in a subprocess without TRITON_INTERPRET (CPU CI's check;
     GPU machines run the kernels themselves below)."""
     if torch.cuda.is_available():
         pytest.skip("offline sm_90a compiles are the CPU CI's check; the GPU runs the kernels")
-    return {tuple(k): r for k, r in run_in_subprocess("tests.test_gluon_prefill", "_compile_all_main", 900)}
+    reports = run_once(tmp_path_factory, "tests.test_gluon_prefill", "_compile_all_main", 900)
+    return {tuple(k): r for k, r in reports}
 
 
 @pytest.mark.skipif(_BUILD_WHY is not None, reason=f"no Gluon API of the kernels here: {_BUILD_WHY}")

@@ -28,7 +28,7 @@ from mla_ops.platform import mock_platform
 from mla_ops.reference import decode_verify_ref
 
 from builders import assert_accurate
-from gluon_offline import compile_sm90a, ptxas_facts, run_in_subprocess, tensordesc
+from gluon_offline import compile_sm90a, ptxas_facts, run_once, shard_of, tensordesc
 
 SM_SCALE = 0.1352
 LK, LV = 576, 512
@@ -133,12 +133,12 @@ def _report(name, num_heads, schedule, fp8, single, cp, drafts=False) -> dict:
 def _compile_all_main() -> None:  # run in a subprocess (see offline_reports)
     import json
     import sys
-    for v in VARIANTS:
+    for v in shard_of(VARIANTS):
         sys.stdout.write(json.dumps([list(v), _report(*v)]) + "\n")
 
 
 @pytest.fixture(scope="module")
-def offline_reports():
+def offline_reports(tmp_path_factory):
     """All variants compiled once, in a subprocess without TRITON_INTERPRET (the test suite
     runs under the interpreter on CPU machines, and Gluon only compiles outside it).
 
@@ -147,7 +147,8 @@ def offline_reports():
     rejected the standalone ptxas call with status 255 while its own launches compiled)."""
     if torch.cuda.is_available():
         pytest.skip("offline sm_90a compiles are the CPU CI's check; the GPU runs the kernels")
-    return {tuple(k): r for k, r in run_in_subprocess("tests.test_gluon_verify", "_compile_all_main", 600)}
+    reports = run_once(tmp_path_factory, "tests.test_gluon_verify", "_compile_all_main", 600)
+    return {tuple(k): r for k, r in reports}
 
 
 # Spill bytes ptxas reports per kernel: scalars spilled once outside the block loop (checked
