@@ -511,7 +511,7 @@ GUARDED = textwrap.dedent(r"""
     import torch, mla_ops
     from builders import decode_case, guarded, random_ancestor_tree
 
-    case = decode_case("cpu", batch=3, heads=16, qlen=6, lens=(20, 77, 5), page=16,
+    case = decode_case("cpu", batch=3, heads=4, qlen=6, lens=(20, 40, 5), page=16,
                        draft_counts=(6, 0, 4), extra_rows=0,
                        trees=[random_ancestor_tree(6), [], random_ancestor_tree(4)])
     for indptr in ((0, 6, 6, 14), (0, 6, 3, 10), (0, -5, 6, 10), (0, 2 ** 30, 6, 10)):
