@@ -65,6 +65,24 @@ def _token_offsets(seq_start, offs, stride, ALIGNED_8: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(desc, ptrs, start, col0: tl.constexpr, row_ok, col_ok, USE_TMA: tl.constexpr,
+               MASKED: tl.constexpr, MASK_COLS: tl.constexpr):
+    """A ``[BLOCK_N, lanes]`` K or V tile of the keys from ``start``: from the descriptor at
+    lane ``col0`` (TMA zero-fills past the sequence and the head dim), or through ``ptrs``
+    (already at key ``start``), masked by the rows a masked block may not have and by the
+    lanes past the head dim (``MASK_COLS``)."""
+    if USE_TMA:
+        x = desc.load([start, col0])
+    elif MASKED:
+        x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    elif MASK_COLS:
+        x = tl.load(ptrs, mask=col_ok[None, :], other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
 def _attn_block(
     acc, acc_t, m_i, l_i,
     q, q_t,
@@ -104,24 +122,11 @@ def _attn_block(
         start = tl.multiple_of(start, BLOCK_N)
         n_ok = (start + offs_n) < seq_len  # [BLOCK_N]
         # --- S = Q K^T over the main lanes, then accumulated over the tail lanes
-        if USE_TMA:
-            k = k_desc.load([start, 0])  # [BLOCK_N, BLOCK_D]
-        elif MASKED:
-            k = tl.load(p_k + start * stride_kt, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        elif MASK_D:
-            k = tl.load(p_k + start * stride_kt, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(p_k + start * stride_kt)
+        k = _load_tile(k_desc, p_k + start * stride_kt, start, 0, n_ok, d_ok, USE_TMA, MASKED, MASK_D)
         qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
         if BLOCK_D_TAIL > 0:
-            if USE_TMA:
-                k_t = kt_desc.load([start, BLOCK_D])  # [BLOCK_N, BLOCK_D_TAIL]
-            elif MASKED:
-                k_t = tl.load(p_kt + start * stride_kt, mask=n_ok[:, None] & dt_ok[None, :], other=0.0)
-            elif MASK_DT:
-                k_t = tl.load(p_kt + start * stride_kt, mask=dt_ok[None, :], other=0.0)
-            else:
-                k_t = tl.load(p_kt + start * stride_kt)
+            k_t = _load_tile(kt_desc, p_kt + start * stride_kt, start, BLOCK_D, n_ok, dt_ok, USE_TMA, MASKED,
+                             MASK_DT)
             qk = tl.dot(q_t, tl.trans(k_t), qk)
 
         # --- online softmax in base 2 (qk_scale = softmax_scale * log2(e))
@@ -145,25 +150,12 @@ def _attn_block(
         m_i = m_new
 
         # --- O += P V, one accumulator per lane block
-        if USE_TMA:
-            v = v_desc.load([start, 0])  # [BLOCK_N, BLOCK_D]
-        elif MASKED:
-            v = tl.load(p_v + start * stride_vt, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        elif MASK_D:
-            v = tl.load(p_v + start * stride_vt, mask=d_ok[None, :], other=0.0)
-        else:
-            v = tl.load(p_v + start * stride_vt)
+        v = _load_tile(v_desc, p_v + start * stride_vt, start, 0, n_ok, d_ok, USE_TMA, MASKED, MASK_D)
         p_lo = p.to(v.dtype)
         acc = tl.dot(p_lo, v, acc * alpha[:, None])  # [BLOCK_M, BLOCK_D]
         if BLOCK_D_TAIL > 0:
-            if USE_TMA:
-                v_t = vt_desc.load([start, BLOCK_D])  # [BLOCK_N, BLOCK_D_TAIL]
-            elif MASKED:
-                v_t = tl.load(p_vt + start * stride_vt, mask=n_ok[:, None] & dt_ok[None, :], other=0.0)
-            elif MASK_DT:
-                v_t = tl.load(p_vt + start * stride_vt, mask=dt_ok[None, :], other=0.0)
-            else:
-                v_t = tl.load(p_vt + start * stride_vt)
+            v_t = _load_tile(vt_desc, p_vt + start * stride_vt, start, BLOCK_D, n_ok, dt_ok, USE_TMA, MASKED,
+                             MASK_DT)
             acc_t = tl.dot(p_lo, v_t, acc_t * alpha[:, None])  # [BLOCK_M, BLOCK_D_TAIL]
     return acc, acc_t, m_i, l_i
 
