@@ -333,16 +333,16 @@ def _online_softmax(sc, m_prev, l_i):
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
-              Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
-              Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
-              stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-              TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+def _consumer(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
               MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, KV_FP8: gl.constexpr,
               cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
               VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
-    """One consumer warpgroup: output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
+    """One consumer warpgroup: output columns ``[WG * LV/2, (WG + 1) * LV/2)``. ``shared``: the
+    runtime arguments both groups take (``_verify_stage1_ws`` builds it)."""
+    (q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free, Seq_Lens, Real_Lens, O, Lse, Mid,
+     K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages,
+     kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
     MMA: gl.constexpr = _wgmma_layout(BLOCK_N)  # the scores
     MMA_O: gl.constexpr = _wgmma_layout(_DT)  # this group's O, four [64, 64] accumulators
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
@@ -533,24 +533,20 @@ def _verify_stage1_ws(
         mbarrier.init(kv_ready.index(st), count=1)
         mbarrier.init(kv_empty.index(st), count=2)  # both consumer groups release a stage
 
-    # (Each partition's arguments are written out: triton 3.6 takes them only as a tuple literal
-    # here; a tuple held in a variable turns its constexprs into tensors, and ``(0, ) + args``
-    # fails on the None arguments.)
+    # The consumer groups' arguments: the runtime values both take, in one tuple (a tuple held in
+    # a variable may carry only those: triton 3.6 turns its constexprs into tensors, and the
+    # None of an absent cp_rank / Qo_Indptr / Tree_Mask / num_rows is one), then the rest.
+    shared = (q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free, Seq_Lens, Real_Lens, O,
+              Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size,
+              num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+              stride_mid_s)
     gl.warp_specialize([
-        (_consumer, (0, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
-                     Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
-                     Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
-                     stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-                     TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
-                     Tree_Mask, num_rows, VARLEN, HAS_TREE)),
-        (_consumer, (1, q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free,
-                     Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads,
-                     Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
-                     stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-                     TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                     NUM_STAGES, N_DT, LV, SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
-                     Tree_Mask, num_rows, VARLEN, HAS_TREE)),
+        (_consumer, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT, LV,
+                     SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
+                     HAS_TREE)),
+        (_consumer, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT, LV,
+                     SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
+                     HAS_TREE)),
         (_producer, (q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                      page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES,
@@ -752,18 +748,18 @@ def _pv_own(acc0, acc1, acc2, acc3, alpha, kv_smem, sp_smem, empty, p_free, s, b
 
 
 @gluon.jit
-def _consumer_alt(WG: gl.constexpr, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem,
-                  q_bar, ready, empty, p_ready, p_free, l_bar,
-                  Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads,
-                  Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
-              stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-                  TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
                   LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr, cp_rank,
                   CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
                   VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
-    and output columns ``[WG * LV/2, (WG + 1) * LV/2)``."""
+    and output columns ``[WG * LV/2, (WG + 1) * LV/2)``. ``shared``: the runtime arguments
+    both groups take (``_verify_stage1_alt`` builds it)."""
+    (q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty, p_ready, p_free, l_bar, Seq_Lens,
+     Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size,
+     num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+     stride_mid_s) = shared
     MMA: gl.constexpr = _wgmma_layout(BLOCK_N)  # the scores
     OP_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
@@ -945,21 +941,19 @@ def _verify_stage1_alt(
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=2)
 
-    gl.warp_specialize([  # (the partitions' arguments written out: see _verify_stage1_ws)
-        (_consumer_alt, (0, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
-                         p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
-                         qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
-                         stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
-                         stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                         N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask,
-                         num_rows, VARLEN, HAS_TREE)),
-        (_consumer_alt, (1, q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty,
-                         p_ready, p_free, l_bar, Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits,
-                         qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
-                         stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
-                         stride_mid_h, stride_mid_s, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                         N_DT, LV, SINGLE, QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask,
-                         num_rows, VARLEN, HAS_TREE)),
+    # The consumer groups' arguments as in _verify_stage1_ws: the runtime values both take in one
+    # tuple, then the rest.
+    shared = (q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty, p_ready, p_free, l_bar,
+              Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
+              page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+              stride_mid_h, stride_mid_s)
+    gl.warp_specialize([
+        (_consumer_alt, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                         QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
+                         HAS_TREE)),
+        (_consumer_alt, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                         QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
+                         HAS_TREE)),
         (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
                          Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                          kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
