@@ -391,7 +391,7 @@ GUARDED = textwrap.dedent(r"""
 
     def decode(name, change, guard, config, splits=1):
         print("case", name, flush=True)
-        c = decode_case("cpu", batch=3, heads=16, qlen=2, lens=(5, 33, 70), page=16, Lv=32,
+        c = decode_case("cpu", batch=3, heads=4, qlen=2, lens=(5, 33, 70), page=16, Lv=32,
                         rope=16, dtype=torch.float32, spare_pages=0)
         c = dataclasses.replace(c, **{guard: guarded(getattr(c, guard))})
         c = dataclasses.replace(c, v_buffer=c.k_buffer[..., :32])
