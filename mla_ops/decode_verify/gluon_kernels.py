@@ -8,7 +8,7 @@ row ``r`` is token ``tok0 + r // HEAD_BOX`` and head ``head0 + r % HEAD_BOX``
 (``HEAD_BOX = min(H, 64)``). Rows past the request's tokens are padding: computed on whatever
 Q the TMA box brings (the next request's rows, or zeros past the tensor), never stored.
 
-Two kernels, each with three partitions (``gl.warp_specialize``): a 1-warp **producer** that
+Three kernels, each with three partitions (``gl.warp_specialize``): a 1-warp **producer** that
 TMA-loads the Q tile once (9 column tiles ``[64, 64]``) and the KV blocks ``[BLOCK_N, Lk]`` of
 the split through a rank-3 host descriptor ``[num_pages, page_size, Lk]`` (one block-table read
 per block; a strided cache, such as a layer's view of a cross-layer cache, is the descriptor's
@@ -20,6 +20,11 @@ page stride), each block as 9 column tiles ``[BLOCK_N, 64]`` into a 2-stage ring
   softmax are computed by group ``j % 2`` only, which publishes P (bf16) and the rescale
   factor through shared memory; both groups then add their half of ``P V``. See the comment
   above ``_producer_alt``.
+- ``_verify_stage1_seesaw`` (bf16 caches, where the sm_90 table picks it): FlashMLA's order
+  over block pairs: block b's softmax by group 0, b + 1's by group 1, only the running row max
+  between the two softmaxes, each group's own P from registers and the other's (rescaled into
+  the pair's last frame) from shared memory, ring parts refilled at their last reader. See
+  the comment above ``_producer_seesaw``.
 - ``_verify_stage1_ws`` ("redundant", and every fp8 cache): each group computes the scores of
   every block itself (the same wgmmas: 53% of the FLOPs done twice), the online softmax in
   registers and its half of ``P V`` with P from registers; the groups never wait for each
@@ -965,5 +970,343 @@ def _verify_stage1_alt(
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
     for i in gl.static_range(2):
+        mbarrier.invalidate(p_ready.index(i))
+        mbarrier.invalidate(p_free.index(i))
+
+
+# ---------------------------------------------------------------------------------------------
+# The seesaw schedule (bf16 caches), as FlashMLA's sm90 decode kernel runs it, over block pairs
+# (b, b + 1): block b (stage 0) is group 0's, b + 1 (stage 1) group 1's; group g owns O's
+# columns [256g, 256g + 256) and its row sums. Only the running row max crosses between the
+# two softmaxes (``sm_smem[g]`` through ``m_ready[g]``), published as soon as it is reduced:
+#
+#   group 0: softmax(b) from m_{b-1} -> m_b published -> O_L *= alpha; O_L += P_b V_b[:, L]
+#            with P_b from registers -> waits for m_{b+1} -> stores P_b * exp2(m_b - m_{b+1})
+#            (bf16) into ``sp_smem[0]`` -> O_L *= exp2(m_b - m_{b+1}) -> O_L += P_{b+1} V_{b+1}[:, L]
+#            (P from ``sp_smem[1]``) -> scores of b + 2.
+#   group 1: waits for m_b -> softmax(b + 1) -> m_{b+1} published -> O_R *= alpha;
+#            O_R += P_{b+1} V_{b+1}[:, R] from registers -> stores P_{b+1} into ``sp_smem[1]`` ->
+#            O_R += P_b V_b[:, R] (P_b already in m_{b+1}'s frame) -> scores of b + 3.
+#
+# So each softmax runs while the other group's wgmmas are queued, and no P store, fence or
+# P.V wait lies between two softmaxes. Each stage is tracked in three parts: L = tiles 0-3
+# (released by group 0 after its P.V on them), R = tiles 4-7 (group 1), rope = tile 8
+# (released by the block's owner once its scores are done). The producer refills a part as
+# soon as it is released, rope first, then the owner's half; a group's scores wait part by
+# part in that order. An odd last block is group 0's alone (group 1 only adds its P_b V_b[:, R]).
+# ---------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
+                     Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                     kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                     MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
+                     CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
+                     VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+    """1 warp: Q as in ``_producer_alt``, then each block into stage ``i % 2`` by parts (rope,
+    the owner's V half, the other half), each as soon as its ``empty`` barrier passes."""
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+    if n_blocks > 0:
+        q_tok = _first_row(row_base, qlen, VARLEN) + tok0
+        mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
+        for c in gl.static_range(N_DT - 1):
+            tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
+        rope_dst = sp_smem.index(1).reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+        tma.async_load(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
+    req_row = pid_b.to(gl.int64) * stride_req_b
+    page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
+    HALF: gl.constexpr = (N_DT - 1) // 2  # tiles per V half (4); the rope tile is the last
+    for i in range(n_blocks):
+        s = i % 2
+        ph = ((i // 2) & 1) ^ 1
+        start = split_start + i * BLOCK_N
+        page_next = gl.load(Req_to_Token + req_row + (start + BLOCK_N) // page_size,
+                            mask=i + 1 < n_blocks, other=0)
+        tok = start % page_size
+        mbarrier.wait(empty.index(3 * s + 2), ph)
+        bar = ready.index(3 * s + 2)
+        mbarrier.expect(bar, k_desc.block_type.nbytes)
+        tma.async_load(k_desc, [page, tok, (N_DT - 1) * _DT], bar, kv_smem.index(s * N_DT + N_DT - 1))
+        for hh in gl.static_range(2):
+            part = (s + hh) % 2  # the owner's half first
+            mbarrier.wait(empty.index(3 * s + part), ph)
+            bar = ready.index(3 * s + part)
+            mbarrier.expect(bar, HALF * k_desc.block_type.nbytes)
+            for c in gl.static_range(HALF):
+                t = part * HALF + c
+                tma.async_load(k_desc, [page, tok, t * _DT], bar, kv_smem.index(s * N_DT + t))
+        page = page_next
+
+
+@gluon.jit
+def _seesaw_scores(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, zero, ph, qk, BLOCK_N: gl.constexpr,
+                   N_DT: gl.constexpr):
+    """Issue ``S = Q K^T`` of group WG's next block (stage WG) part by part, in the order the
+    producer loads them (rope, my V half, the other half); returns the in-flight accumulator."""
+    HALF: gl.constexpr = (N_DT - 1) // 2
+    base = (WG + zero) * N_DT
+    mbarrier.wait(ready.index(3 * WG + 2), ph)
+    qk = warpgroup_mma(q_rope, kv_smem.index(base + N_DT - 1).reshape([BLOCK_N, _DT]).permute((1, 0)),
+                       qk, use_acc=False, is_async=True)
+    for hh in gl.static_range(2):
+        mbarrier.wait(ready.index(3 * WG + (WG + hh) % 2), ph)
+        for c in gl.static_range(HALF):
+            t = (WG + hh) % 2 * HALF + c  # my half first
+            qk = warpgroup_mma(q_smem.index(t + zero).reshape([_BM, _DT]),
+                               kv_smem.index(base + t).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
+    return qk
+
+
+@gluon.jit
+def _seesaw_max(qk, m_prev, qk_scale, start, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len,
+                BLOCK_N: gl.constexpr, HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr,
+                ROW: gl.constexpr, COL: gl.constexpr):
+    """The masked, scaled scores of the block at ``start`` and the new running row max."""
+    sc = _mask_tail(qk * qk_scale, start, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N,
+                    HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+    return sc, gl.maximum(m_prev, gl.max(sc, axis=1))
+
+
+@gluon.jit
+def _seesaw_exp(sc, m_frame, m_new, l_i, acc0, acc1, acc2, acc3):
+    """P = exp2(S - m_new), and O and the row sums moved from frame ``m_frame`` to ``m_new``
+    (a row that has seen no key keeps m = -inf; subtracting 0 then keeps exp2(-inf + inf)
+    out). Returns (P, l, the four accumulators)."""
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_frame - m_safe)
+    p = gl.exp2(sc - m_safe[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, l_i, acc0 * alpha[:, None], acc1 * alpha[:, None], acc2 * alpha[:, None], acc3 * alpha[:, None]
+
+
+@gluon.jit
+def _seesaw_publish(x, slot, bar):
+    """Hand a tile or a row vector to the other group: store, fence, arrive."""
+    slot.store(x)
+    fence_async_shared()
+    mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
+                     SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
+                     N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
+                     CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows, VARLEN: gl.constexpr,
+                     HAS_TREE: gl.constexpr):
+    """Consumer group WG of the seesaw schedule (see above). ``shared``: the runtime arguments
+    both groups take (``_verify_stage1_seesaw`` builds it)."""
+    (q_smem, kv_smem, sp_smem, sm_smem, sl_smem, q_bar, ready, empty, m_ready, p_ready, p_free, l_bar, Seq_Lens,
+     Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size,
+     num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+     stride_mid_s) = shared
+    MMA: gl.constexpr = _wgmma_layout(BLOCK_N)  # the scores, and O by 64 columns
+    OP_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL: gl.constexpr = gl.SliceLayout(0, MMA)
+    V_TILES: gl.constexpr = LV // _DT // 2
+    V0: gl.constexpr = WG * V_TILES
+
+    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
+     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
+                                  num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+                                  MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
+                                  VARLEN, HAS_TREE, ROW)
+
+    q_rope = sp_smem.index(1).load(OP_A)  # read before group 1 stores its first P there
+    acc0 = gl.zeros([_BM, _DT], gl.float32, MMA)  # my O half, by 64 columns
+    acc1 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    acc2 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    acc3 = gl.zeros([_BM, _DT], gl.float32, MMA)
+    l_i = gl.zeros([_BM], gl.float32, ROW)
+    m_f = gl.full([_BM], float("-inf"), gl.float32, ROW)  # the frame of my O half and row sums
+    qk = gl.zeros([_BM, BLOCK_N], gl.float32, MMA)
+    nz = (seq_len < 0).to(gl.int32)  # an opaque zero (see _consumer_alt)
+
+    # My first block's scores (block WG).
+    if WG < n_blocks:
+        qk = _seesaw_scores(WG, q_smem, q_rope, kv_smem, ready, nz, 0, qk, BLOCK_N, N_DT)
+        qk = warpgroup_mma_wait(0, deps=(qk, ))
+        mbarrier.arrive(empty.index(3 * WG + 2), count=1)
+
+    n_pairs = n_blocks // 2
+    for pr in range(n_pairs):
+        zero = pr * nz
+        ph = pr & 1
+        start0 = split_start + 2 * pr * BLOCK_N  # block b (stage 0); b + 1 starts BLOCK_N later
+        if WG == 0:
+            sc, m_b = _seesaw_max(qk, m_f, qk_scale, start0, full_end, lim, Tree_Mask, row_base, qlen, tok0,
+                                  qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+            _seesaw_publish(m_b, sm_smem.index(0), m_ready.index(0))
+            p, l_i, acc0, acc1, acc2, acc3 = _seesaw_exp(sc, m_f, m_b, l_i, acc0, acc1, acc2, acc3)
+            # (block b is never the tail of a full pair: b + 1 starts before kv_end)
+            t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(gl.bfloat16), OP_A), kv_smem, zero + V0, acc0, acc1,
+                                       acc2, acc3, BLOCK_N)
+            mbarrier.wait(m_ready.index(1), ph)
+            m_b1 = sm_smem.index(1).load(ROW)
+            s1 = gl.exp2(m_b - gl.where(m_b1 == float("-inf"), 0.0, m_b1))  # m_b's frame -> m_{b+1}'s
+            mbarrier.wait(p_free.index(0), ph ^ 1)
+            _seesaw_publish((p * s1[:, None]).to(gl.bfloat16), sp_smem.index(0), p_ready.index(0))
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+            mbarrier.arrive(empty.index(0), count=1)  # L of stage 0
+            l_i = l_i * s1
+            m_f = m_b1
+            acc0 = acc0 * s1[:, None]
+            acc1 = acc1 * s1[:, None]
+            acc2 = acc2 * s1[:, None]
+            acc3 = acc3 * s1[:, None]
+            mbarrier.wait(p_ready.index(1), ph)
+            if start0 + 2 * BLOCK_N > kv_end:
+                _zero_v_tail(kv_smem, N_DT + zero, V0, V_TILES, kv_end - start0 - BLOCK_N, BLOCK_N)
+            t0, t1, t2, t3 = _pv_issue(sp_smem.index(1), kv_smem, N_DT + zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+            mbarrier.arrive(empty.index(3), count=1)  # L of stage 1
+            mbarrier.arrive(p_free.index(1), count=1)
+        else:
+            mbarrier.wait(m_ready.index(0), ph)
+            m_b = sm_smem.index(0).load(ROW)
+            sc, m_b1 = _seesaw_max(qk, m_b, qk_scale, start0 + BLOCK_N, full_end, lim, Tree_Mask, row_base, qlen,
+                                   tok0, qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+            _seesaw_publish(m_b1, sm_smem.index(1), m_ready.index(1))
+            p, l_i, acc0, acc1, acc2, acc3 = _seesaw_exp(sc, m_f, m_b1, l_i, acc0, acc1, acc2, acc3)
+            m_f = m_b1
+            if start0 + 2 * BLOCK_N > kv_end:
+                _zero_v_tail(kv_smem, N_DT + zero, V0, V_TILES, kv_end - start0 - BLOCK_N, BLOCK_N)
+            t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(gl.bfloat16), OP_A), kv_smem, N_DT + zero + V0, acc0,
+                                       acc1, acc2, acc3, BLOCK_N)
+            mbarrier.wait(p_free.index(1), ph ^ 1)
+            _seesaw_publish(p.to(gl.bfloat16), sp_smem.index(1), p_ready.index(1))
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+            mbarrier.arrive(empty.index(3 + 1), count=1)  # R of stage 1
+            mbarrier.wait(p_ready.index(0), ph)
+            t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+            mbarrier.arrive(empty.index(1), count=1)  # R of stage 0
+            mbarrier.arrive(p_free.index(0), count=1)
+        # My next block's scores (b + 2 or b + 3), once my wgmmas on this pair are done.
+        if 2 * pr + 2 + WG < n_blocks:
+            tq = _seesaw_scores(WG, q_smem, q_rope, kv_smem, ready, zero, ph ^ 1, qk, BLOCK_N, N_DT)
+            qk = warpgroup_mma_wait(0, deps=(tq, ))
+            mbarrier.arrive(empty.index(3 * WG + 2), count=1)  # the rope tile of my stage
+
+    # An odd last block b (stage 0): group 0's softmax, both groups' P_b V_b; frames end at m_b.
+    if n_blocks % 2 == 1:
+        zero = n_pairs * nz
+        ph = n_pairs & 1
+        start0 = split_start + 2 * n_pairs * BLOCK_N
+        if WG == 0:
+            sc, m_b = _seesaw_max(qk, m_f, qk_scale, start0, full_end, lim, Tree_Mask, row_base, qlen, tok0,
+                                  qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+            _seesaw_publish(m_b, sm_smem.index(0), m_ready.index(0))
+            p, l_i, acc0, acc1, acc2, acc3 = _seesaw_exp(sc, m_f, m_b, l_i, acc0, acc1, acc2, acc3)
+            m_f = m_b
+            if start0 + BLOCK_N > kv_end:
+                _zero_v_tail(kv_smem, zero, V0, V_TILES, kv_end - start0, BLOCK_N)
+            t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(gl.bfloat16), OP_A), kv_smem, zero + V0, acc0, acc1,
+                                       acc2, acc3, BLOCK_N)
+            mbarrier.wait(p_free.index(0), ph ^ 1)
+            _seesaw_publish(p.to(gl.bfloat16), sp_smem.index(0), p_ready.index(0))
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+        else:
+            mbarrier.wait(m_ready.index(0), ph)
+            m_b = sm_smem.index(0).load(ROW)
+            alpha = gl.exp2(m_f - gl.where(m_b == float("-inf"), 0.0, m_b))
+            m_f = m_b
+            l_i = l_i * alpha
+            acc0 = acc0 * alpha[:, None]
+            acc1 = acc1 * alpha[:, None]
+            acc2 = acc2 * alpha[:, None]
+            acc3 = acc3 * alpha[:, None]
+            mbarrier.wait(p_ready.index(0), ph)
+            if start0 + BLOCK_N > kv_end:
+                _zero_v_tail(kv_smem, zero, V0, V_TILES, kv_end - start0, BLOCK_N)
+            t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+
+    # l = my row sums + the other group's (both in the last block's frame).
+    sl_smem.index(WG).store(l_i)
+    mbarrier.arrive(l_bar, count=1)
+    mbarrier.wait(l_bar, 0)
+    l_i = l_i + sl_smem.index(1 - WG).load(ROW)
+    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_f, 1.0, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
+               qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
+               HEAD_BOX, LV, SINGLE, VARLEN, MMA)
+
+
+@gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
+                              "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
+                              "page_size", "num_pages", "kv_capacity", "cp_rank", "num_rows"],
+           do_not_specialize_on_alignment=["Qo_Indptr", "Tree_Mask"])
+def _verify_stage1_seesaw(
+    q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse, K_Scale,
+    stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
+    num_kv_splits, qlen, num_heads, page_size, num_pages, kv_capacity, cp_rank,
+    LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
+    Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
+    HAS_TREE: gl.constexpr = False,
+):
+    """Stage 1 with the seesaw schedule (bf16 caches only; same arguments as
+    ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2). Shared memory as in
+    ``_verify_stage1_alt``."""
+    N_DT: gl.constexpr = LK // _DT
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
+    gl.static_assert(LV == 8 * _DT)
+    gl.static_assert(N_DT == 9)
+    gl.static_assert(NUM_STAGES == 2)
+    gl.static_assert(not k_desc.dtype.is_fp8())
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_DT - 1, TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+    kv_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
+    sp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, _BM, BLOCK_N],
+                                        gl.NVMMASharedLayout.get_default_for([_BM, BLOCK_N], gl.bfloat16))
+    ROWS_L: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    sm_smem = gl.allocate_shared_memory(gl.float32, [2, _BM], ROWS_L)  # [group]: its last row max
+    sl_smem = gl.allocate_shared_memory(gl.float32, [2, _BM], ROWS_L)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())  # [stage * 3 + part]
+    empty = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    m_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    l_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(l_bar, count=2)
+    for i in gl.static_range(6):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)  # each part has one releasing group
+    for i in gl.static_range(2):
+        mbarrier.init(m_ready.index(i), count=1)
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(p_free.index(i), count=1)
+
+    shared = (q_smem, kv_smem, sp_smem, sm_smem, sl_smem, q_bar, ready, empty, m_ready, p_ready, p_free, l_bar,
+              Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
+              page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+              stride_mid_h, stride_mid_s)
+    gl.warp_specialize([
+        (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE)),
+        (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE)),
+        (_producer_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
+                            Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                            kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
+                            CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    mbarrier.invalidate(q_bar)
+    mbarrier.invalidate(l_bar)
+    for i in gl.static_range(6):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+    for i in gl.static_range(2):
+        mbarrier.invalidate(m_ready.index(i))
         mbarrier.invalidate(p_ready.index(i))
         mbarrier.invalidate(p_free.index(i))

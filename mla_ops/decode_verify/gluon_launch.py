@@ -1,6 +1,6 @@
 """Host side of the Gluon (sm_90) stage 1 of the decode-verify attention: support check,
-TMA descriptors, grid, launch. The kernels are ``gluon_kernels._verify_stage1_alt`` and
-``_verify_stage1_ws``.
+TMA descriptors, grid, launch. The kernels are ``gluon_kernels._verify_stage1_alt``,
+``_verify_stage1_seesaw`` and ``_verify_stage1_ws``.
 
 The caller (``launch.py``) keeps the checks of the public API, the split count, the workspace
 and the stage 2: this module only launches stage 1. With ``num_kv_splits == 1`` stage 1 writes
@@ -60,9 +60,11 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # warps of the default partition (the first consumer warpgroup); the kernel has 4 + 4 + 1.
     "num_warps": 4,
     # bf16 caches: "alt" (block j's scores and softmax by consumer group j % 2 only, P shared
-    # through shared memory: gluon_kernels._verify_stage1_alt) or "redundant" (both groups
-    # compute every block's scores, no exchange: _verify_stage1_ws). fp8 caches always run
-    # the redundant kernel (it dequantizes each block into one fp16 tile).
+    # through shared memory: gluon_kernels._verify_stage1_alt), "seesaw" (FlashMLA's order over
+    # block pairs: only the row max between the two softmaxes, the owner's P from registers,
+    # ring parts refilled at their last reader: _verify_stage1_seesaw) or "redundant" (both
+    # groups compute every block's scores, no exchange: _verify_stage1_ws). fp8 caches always
+    # run the redundant kernel (it dequantizes each block into one fp16 tile).
     "SCHEDULE": "alt",
     # "alt" only: a group issues the score wgmmas of its next block before it waits for the other
     # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
@@ -105,10 +107,10 @@ def gluon_unsupported_shape(device: torch.device, q_dtype: torch.dtype, kv_dtype
         return f"SPLIT_ALIGN {c['SPLIT_ALIGN']} must be a multiple of BLOCK_N {c['BLOCK_N']}"
     if c["NUM_STAGES"] < 2:
         return "NUM_STAGES must be >= 2"
-    if c["SCHEDULE"] not in ("alt", "redundant"):
-        return f"SCHEDULE {c['SCHEDULE']!r}: 'alt' or 'redundant'"
-    if c["SCHEDULE"] == "alt" and c["NUM_STAGES"] != 2 and kv_dtype == torch.bfloat16:
-        return "SCHEDULE 'alt' is written for NUM_STAGES 2"
+    if c["SCHEDULE"] not in ("alt", "seesaw", "redundant"):
+        return f"SCHEDULE {c['SCHEDULE']!r}: 'alt', 'seesaw' or 'redundant'"
+    if c["SCHEDULE"] in ("alt", "seesaw") and c["NUM_STAGES"] != 2 and kv_dtype == torch.bfloat16:
+        return f"SCHEDULE {c['SCHEDULE']!r} is written for NUM_STAGES 2"
     why = sm90_reason(device)
     if why:
         return why
@@ -198,7 +200,11 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     num_pages, kv_capacity = cache_bounds(k_buffer, req_to_token, page_size)
     grid = (gluon_row_blocks(qlen, num_heads) * batch * num_kv_splits,)
     fp8 = k_buffer.dtype == torch.float8_e4m3fn
-    kernel = _gk._verify_stage1_alt if (c["SCHEDULE"] == "alt" and not fp8) else _gk._verify_stage1_ws
+    kernel = _gk._verify_stage1_ws
+    if not fp8 and c["SCHEDULE"] == "alt":
+        kernel = _gk._verify_stage1_alt
+    elif not fp8 and c["SCHEDULE"] == "seesaw":
+        kernel = _gk._verify_stage1_seesaw
     extra = {"QK_FIRST": bool(c["QK_FIRST"])} if kernel is _gk._verify_stage1_alt else {}
     launch(kernel, grid,
         q_desc, k_desc, exp2_scale(sm_scale), req_to_token, seq_lens,
