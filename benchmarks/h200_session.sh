@@ -10,6 +10,8 @@
 #                                           # orders (SEEDS, default "11 22"), python3 -m mla_ops
 #   bash benchmarks/h200_session.sh eager   # FlashMLA built from .flashmla/ when present
 #                                           # (../shared/flashmla's kit), then eager_launch.py
+#   bash benchmarks/h200_session.sh e2e     # the same FlashMLA build, then serving_step_e2e.py
+#                                           # at B 32 and 128 (E2E_BATCHES), qlen 2 and 4
 #   bash benchmarks/h200_session.sh bound   # where the Gluon encoder kernel's time goes: Nsight
 #                                           # Compute's pipe and warp-state sections at P2 and
 #                                           # P7 (ncu_P2.csv, ncu_P7.csv), then exp2 on MUFU /
@@ -65,6 +67,11 @@ eager() {
   flashmla
   timeout 300 python3 benchmarks/eager_launch.py --rounds 3 --json "$OUT/eager_launch.json" 2>&1 | tail -40
 }
+e2e() {  # the serving step with its FlashMLA engine (built from .flashmla/ when present)
+  flashmla
+  timeout 240 python3 benchmarks/serving_step_e2e.py --batches ${E2E_BATCHES:-32 128} --qlens 2 4 \
+    --json "$OUT/serving_step.json" 2>&1 | tail -12
+}
 bench() {
   timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
     --json "$OUT/decode_verify.json" 2>&1 | tail -14
@@ -114,8 +121,10 @@ tune) tune ;;
 towers) towers ;;
 suite) suite ;;
 eager) eager ;;
+e2e) e2e ;;
+flashmla) flashmla ;;
 abtree) abtree ;;
 bound) bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|abtree|bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|bound" >&2
    exit 2 ;;
 esac

@@ -6,15 +6,20 @@ cross-layer paged cache (page 64), the absorbed query ``q_nope @ W_UK``, verify 
 the cache, ``o @ W_UV`` and the output projection with a residual. Each step verifies qlen draft
 tokens per request; real lengths differ per request and grow step by step.
 
-Two engines run the same model, each captured in one CUDA graph per batch bucket (1, 2, 4, …,
+The engines run the same model, each captured in one CUDA graph per batch bucket (1, 2, 4, …,
 128) after its plan's warmup, replayed with new lengths and block tables:
 
 - ``verify``: ``mla_ops.plan_verify(batch, qlen, ...)``, all qlen·H rows of a request over one
   pass of its KV;
 - ``feed``: what an engine without a verify kernel does: one row per draft token (qlen = 1,
-  the request's block table repeated per token, each token its own causal length).
+  the request's block table repeated per token, each token its own causal length);
+- ``flashmla`` (where ``flash_mla`` imports, on a GPU): FlashMLA's dense decode
+  (``flash_mla_with_kvcache``, ``causal=True`` with ``s_q = qlen``), its tile scheduler planned
+  in the graph by each step's first layer from that step's lengths and shared by the other
+  layers, as an engine runs it. FlashMLA has no padded drafts (real lengths): it attends over
+  the whole draft and is checked against the model without padding.
 
-It reports the step latency and verified tokens/s of both, checks both against the same model
+It reports the step latency and verified tokens/s of each, checks each against the same model
 computed in plain PyTorch (float32 attention reference), and writes JSON.
 
     PYTHONPATH=. python benchmarks/serving_step_e2e.py --json $OUT/serving_step.json
@@ -32,7 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import cli  # noqa: E402  (first: --interpret must precede triton's import)
-from benchmarks import harness, results  # noqa: E402
+from benchmarks import decode, harness, results  # noqa: E402
 
 import mla_ops  # noqa: E402
 
@@ -121,19 +126,20 @@ def feed_metadata(lens, real, table, qlen):
 
 
 class Engine:
-    """One engine (``verify`` or ``feed``) for one batch bucket: static buffers, its plan, and
-    (on CUDA) the step captured in a graph."""
+    """One engine (``verify``, ``feed`` or ``flashmla``) for one batch bucket: static buffers,
+    its plan, and (on CUDA) the step captured in a graph. ``flashmla``: the imported module."""
 
-    def __init__(self, kind, model, cache, batch, qlen, max_len, device, interpret):
+    def __init__(self, kind, model, cache, batch, qlen, max_len, device, interpret, flashmla=None):
         cfg = model.cfg
         self.kind, self.model, self.cache, self.qlen = kind, model, cache, qlen
+        self.fm, self.meta = flashmla, None
         rows = batch * qlen
         H, Lk, Lv = cfg["heads"], cfg["kv_lora"] + cfg["rope"], cfg["kv_lora"]
         pages_per = math.ceil(max_len / cfg["page"])
-        pb, pq = (batch, qlen) if kind == "verify" else (rows, 1)
-        self.plan = mla_ops.plan_verify(pb, pq, H, max_len, dtype=model.dtype,
-                                        device=device, page_size=cfg["page"], head_dim=Lk,
-                                        v_head_dim=Lv)
+        pb, pq = (rows, 1) if kind == "feed" else (batch, qlen)
+        self.plan = None if kind == "flashmla" else mla_ops.plan_verify(
+            pb, pq, H, max_len, dtype=model.dtype, device=device, page_size=cfg["page"], head_dim=Lk,
+            v_head_dim=Lv)
         self.x = torch.zeros(rows, cfg["hidden"], device=device, dtype=model.dtype)
         self.pos = torch.zeros(rows, dtype=torch.long, device=device)
         self.slots = torch.zeros(rows, dtype=torch.long, device=device)
@@ -142,10 +148,11 @@ class Engine:
         self.table = torch.zeros(pb, pages_per, dtype=torch.int32, device=device)
         self.o = torch.empty(rows, H, Lv, device=device, dtype=model.dtype)
         self.lse = torch.empty(rows, H, device=device, dtype=torch.float32)
-        q0 = torch.empty(rows, H, Lk, device=device, dtype=model.dtype)
-        self.plan.alloc_workspace()
-        self.plan.warmup(q0, cache[:, :, :1], self.o, self.lse, self.table,
-                         sm_scale=cfg["sm_scale"], has_real=kind == "verify")
+        if self.plan is not None:
+            q0 = torch.empty(rows, H, Lk, device=device, dtype=model.dtype)
+            self.plan.alloc_workspace()
+            self.plan.warmup(q0, cache[:, :, :1], self.o, self.lse, self.table,
+                             sm_scale=cfg["sm_scale"], has_real=kind == "verify")
         self.out = None
         self.graph = None
         if device == "cuda" and not interpret:
@@ -157,19 +164,29 @@ class Engine:
 
     def attend(self, layer, q):
         kv = self.cache[:, :, layer:layer + 1]  # this layer's view of the cross-layer cache
+        if self.kind == "flashmla":
+            cfg = self.model.cfg
+            if self.meta is None:  # this step's first layer plans the tile scheduler
+                self.meta = self.fm.get_mla_metadata()[0]
+            b = self.lens.shape[0]
+            o, _ = self.fm.flash_mla_with_kvcache(
+                q.view(b, self.qlen, q.shape[1], q.shape[2]), kv, self.table, self.lens, cfg["kv_lora"],
+                self.meta, None, softmax_scale=cfg["sm_scale"], causal=True)
+            return o.view(q.shape[0], q.shape[1], -1)
         real = self.real if self.kind == "verify" else None
         self.plan.run(q, kv, self.o, self.lse, self.table, self.lens, real_seq_lens=real,
                       sm_scale=self.model.cfg["sm_scale"])
         return self.o
 
     def _run(self):
+        self.meta = None  # (flashmla) planned again from this step's lengths
         return self.model.step(self.x, self.pos, self.slots, self.cache, self.attend)
 
     def load(self, x, pos, slots, lens, real, table):
         self.x.copy_(x)
         self.pos.copy_(pos)
         self.slots.copy_(slots)
-        if self.kind == "verify":
+        if self.kind != "feed":
             self.lens.copy_(lens)
             self.real.copy_(real)
             self.table.copy_(table)
@@ -227,6 +244,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3, help="verify steps checked per bucket")
     p.add_argument("--reps", type=int, default=50, help="timed replays per bucket")
     p.add_argument("--interpret", action="store_true", help=cli.INTERPRET_HELP)
+    p.add_argument("--no-flashmla", action="store_true",
+                   help="no FlashMLA engine even where flash_mla imports")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.interpret:
@@ -243,6 +262,10 @@ def main(argv=None) -> int:
     max_len = 64 if args.interpret else args.max_len
     batches = [b for b in args.batches if not args.interpret or b <= 2]
     model = Model(cfg, device, dtype)
+    fm = None if args.no_flashmla or device != "cuda" else decode.load_flashmla()
+    kinds = ("verify", "feed") + (("flashmla",) if fm is not None else ())
+    if fm is not None:
+        print(f"FlashMLA from {os.path.dirname(fm.__file__)}: a third engine", flush=True)
     gen = torch.Generator(device="cpu").manual_seed(1)
     pages_per = math.ceil(max_len / cfg["page"])
     num_pages = max(batches) * pages_per + 8
@@ -252,8 +275,8 @@ def main(argv=None) -> int:
     rows = []
     for qlen in args.qlens if not args.interpret else args.qlens[:1]:
         for batch in batches:
-            engines = {k: Engine(k, model, cache, batch, qlen, max_len, device, args.interpret)
-                       for k in ("verify", "feed")}
+            engines = {k: Engine(k, model, cache, batch, qlen, max_len, device, args.interpret, fm)
+                       for k in kinds}
             errs = {k: 0.0 for k in engines}
             lens, table = make_requests(cfg, batch, qlen, max_len, args.steps, num_pages, device,
                                         gen)
@@ -263,10 +286,14 @@ def main(argv=None) -> int:
                 ref_cache = cache.clone()
                 ref = model.step(x, pos, slots, ref_cache,
                                  reference_attend(ref_cache, lens, real, table, qlen, cfg))
+                if fm is not None:  # FlashMLA attends over the whole draft (no real lengths)
+                    ref_cache = cache.clone()
+                    ref_full = model.step(x, pos, slots, ref_cache,
+                                          reference_attend(ref_cache, lens, lens, table, qlen, cfg))
                 for kind, eng in engines.items():
                     eng.load(x, pos, slots, lens, real, table)
                     out = eng()
-                    errs[kind] = max(errs[kind], rel_err(out, ref))
+                    errs[kind] = max(errs[kind], rel_err(out, ref_full if kind == "flashmla" else ref))
             us = {k: time_step(e, device, args.reps) for k, e in engines.items()}
             row = dict(qlen=qlen, batch=batch, heads=cfg["heads"], layers=cfg["layers"],
                        max_len=max_len, splits=engines["verify"].plan.num_kv_splits,
@@ -275,12 +302,17 @@ def main(argv=None) -> int:
                        feed_tok_s=batch * qlen / us["feed"] * 1e6,
                        speedup=us["feed"] / us["verify"], err_verify=errs["verify"],
                        err_feed=errs["feed"])
+            fm_txt = ""
+            if "flashmla" in us:
+                row.update(flashmla_us=us["flashmla"], err_flashmla=errs["flashmla"],
+                           vs_flashmla=us["verify"] / us["flashmla"])
+                fm_txt = f"  flashmla {us['flashmla']:9.1f} us (verify / flashmla {row['vs_flashmla']:.3f})"
             rows.append(row)
             print(f"qlen {qlen} B {batch:4d}: verify {us['verify']:9.1f} us  feed "
-                  f"{us['feed']:9.1f} us  x{row['speedup']:.2f}  err {errs['verify']:.1e} / "
-                  f"{errs['feed']:.1e}", flush=True)
+                  f"{us['feed']:9.1f} us  x{row['speedup']:.2f}{fm_txt}  err "
+                  + " / ".join(f"{errs[k]:.1e}" for k in engines), flush=True)
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
-    ok = all(r["err_verify"] < tol and r["err_feed"] < tol for r in rows)
+    ok = all(r[f"err_{k}"] < tol for r in rows for k in kinds)
     print(f"{'all steps match the plain-PyTorch model' if ok else 'MISMATCH'} (rel. err < {tol})")
     if args.json:
         results.write_json(args.json, rows)
