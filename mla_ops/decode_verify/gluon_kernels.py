@@ -588,6 +588,53 @@ def _verify_stage1_ws(
 
 
 @gluon.jit
+def _pair_smem(q_desc, k_desc, LK: gl.constexpr, LV: gl.constexpr, BLOCK_N: gl.constexpr,
+               NUM_STAGES: gl.constexpr):
+    """The large shared tiles of the two schedules over a pair of groups (alt, seesaw; bf16
+    caches, 2 stages): Q's tiles but the rope one, the KV ring, and two P tiles (the rope
+    tile of Q lands in the second first: ``_pair_load_q``)."""
+    N_DT: gl.constexpr = LK // _DT
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
+    gl.static_assert(LV == 8 * _DT)
+    gl.static_assert(NUM_STAGES == 2)
+    gl.static_assert(not k_desc.dtype.is_fp8())
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_DT - 1, TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+    kv_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
+    sp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, _BM, BLOCK_N],
+                                        gl.NVMMASharedLayout.get_default_for([_BM, BLOCK_N], gl.bfloat16))
+    return q_smem, kv_smem, sp_smem
+
+
+@gluon.jit
+def _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT: gl.constexpr,
+                 VARLEN: gl.constexpr):
+    """The producer's Q copy in the pair schedules: tiles 0-7 to ``q_smem``, the rope tile to
+    ``sp_smem[1]`` (its consumers hold it in registers before a P is written there); nothing
+    for an empty work item."""
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    if n_blocks > 0:
+        q_tok = _first_row(row_base, qlen, VARLEN) + tok0
+        mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
+        for c in gl.static_range(N_DT - 1):
+            tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
+        rope_dst = sp_smem.index(1).reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+        tma.async_load(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
+
+
+@gluon.jit
+def _pair_row_sums(WG: gl.constexpr, l_i, sl_smem, l_bar, ROW: gl.constexpr):
+    """My row sums plus the other group's, once both are final (pair schedules)."""
+    sl_smem.index(WG).store(l_i)
+    mbarrier.arrive(l_bar, count=1)
+    mbarrier.wait(l_bar, 0)
+    l_i = l_i + sl_smem.index(1 - WG).load(ROW)
+    return l_i
+
+
+@gluon.jit
 def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
                   Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                   kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
@@ -600,13 +647,7 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
      split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
-    if n_blocks > 0:
-        q_tok = _first_row(row_base, qlen, VARLEN) + tok0
-        mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
-        for c in gl.static_range(N_DT - 1):
-            tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
-        rope_dst = sp_smem.index(1).reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
-        tma.async_load(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
+    _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
     req_row = pid_b.to(gl.int64) * stride_req_b
     page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
@@ -844,10 +885,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                                              split_start + j * BLOCK_N, kv_end, WG, V0, V_TILES, BLOCK_N)
 
     # l = my row sums + the other group's; m = the last published running max.
-    sl_smem.index(WG).store(l_i)
-    mbarrier.arrive(l_bar, count=1)
-    mbarrier.wait(l_bar, 0)
-    l_i = l_i + sl_smem.index(1 - WG).load(ROW)
+    l_i = _pair_row_sums(WG, l_i, sl_smem, l_bar, ROW)
     m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
     _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, 1.0, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
@@ -918,15 +956,7 @@ def _verify_stage1_alt(
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
-    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
-    gl.static_assert(LV == 8 * _DT)
-    gl.static_assert(NUM_STAGES == 2)
-    gl.static_assert(not k_desc.dtype.is_fp8())
-
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_DT - 1, TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
-    kv_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
-    sp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, _BM, BLOCK_N],
-                                        gl.NVMMASharedLayout.get_default_for([_BM, BLOCK_N], gl.bfloat16))
+    q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
     ROWS_L: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     sm_smem = gl.allocate_shared_memory(gl.float32, [_BM], ROWS_L)
     sa_smem = gl.allocate_shared_memory(gl.float32, [2, _BM], ROWS_L)
@@ -1010,13 +1040,7 @@ def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, emp
      split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
-    if n_blocks > 0:
-        q_tok = _first_row(row_base, qlen, VARLEN) + tok0
-        mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
-        for c in gl.static_range(N_DT - 1):
-            tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
-        rope_dst = sp_smem.index(1).reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
-        tma.async_load(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
+    _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
     req_row = pid_b.to(gl.int64) * stride_req_b
     page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
     HALF: gl.constexpr = (N_DT - 1) // 2  # tiles per V half (4); the rope tile is the last
@@ -1227,10 +1251,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
 
     # l = my row sums + the other group's (both in the last block's frame).
-    sl_smem.index(WG).store(l_i)
-    mbarrier.arrive(l_bar, count=1)
-    mbarrier.wait(l_bar, 0)
-    l_i = l_i + sl_smem.index(1 - WG).load(ROW)
+    l_i = _pair_row_sums(WG, l_i, sl_smem, l_bar, ROW)
     _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_f, 1.0, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                HEAD_BOX, LV, SINGLE, VARLEN, MMA)
@@ -1257,16 +1278,8 @@ def _verify_stage1_seesaw(
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
-    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
-    gl.static_assert(LV == 8 * _DT)
     gl.static_assert(N_DT == 9)
-    gl.static_assert(NUM_STAGES == 2)
-    gl.static_assert(not k_desc.dtype.is_fp8())
-
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_DT - 1, TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
-    kv_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
-    sp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, _BM, BLOCK_N],
-                                        gl.NVMMASharedLayout.get_default_for([_BM, BLOCK_N], gl.bfloat16))
+    q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
     ROWS_L: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     sm_smem = gl.allocate_shared_memory(gl.float32, [2, _BM], ROWS_L)  # [group]: its last row max
     sl_smem = gl.allocate_shared_memory(gl.float32, [2, _BM], ROWS_L)
