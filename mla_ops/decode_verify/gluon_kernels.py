@@ -16,28 +16,29 @@ page stride), each block as 9 column tiles ``[BLOCK_N, 64]`` into a 2-stage ring
 4-warp **consumer** warpgroups that split the 512 V columns, i.e. the output (group w owns
 ``O[:, 256w:256w+256]``).
 
-- ``_verify_stage1_alt`` (bf16 caches; the default): block j's scores ``S = Q K^T`` and its
+- ``_verify_stage1_alt`` (the default; fp8 caches too): block j's scores ``S = Q K^T`` and its
   softmax are computed by group ``j % 2`` only, which publishes P (bf16) and the rescale
   factor through shared memory; both groups then add their half of ``P V``. See the comment
-  above ``_producer_alt``.
+  above ``_producer_alt``. With an fp8 cache a 4-warp converter partition replaces the
+  producer warp (the comment above ``_converter_pair``).
 - ``_verify_stage1_seesaw`` (bf16 caches, where the sm_90 table picks it): FlashMLA's order
   over block pairs: block b's softmax by group 0, b + 1's by group 1, only the running row max
   between the two softmaxes, each group's own P from registers and the other's (rescaled into
   the pair's last frame) from shared memory, ring parts refilled at their last reader. See
   the comment above ``_producer_seesaw``.
-- ``_verify_stage1_ws`` ("redundant", and every fp8 cache): each group computes the scores of
-  every block itself (the same wgmmas: 53% of the FLOPs done twice), the online softmax in
-  registers and its half of ``P V`` with P from registers; the groups never wait for each
-  other.
+- ``_verify_stage1_ws`` ("redundant"): each group computes the scores of every block itself
+  (the same wgmmas: 53% of the FLOPs done twice), the online softmax in registers and its half
+  of ``P V`` with P from registers; the groups never wait for each other.
 
-fp8 (e4m3) caches (``KV_FP8``): the producer loads the fp8 tile (half the bytes) into an fp8
-ring; the consumers dequantize it into one fp16 tile in shared memory (each group converts
-its own V half and half of the rope columns' rows, then the groups meet at an mbarrier) and
-the wgmmas read that. The fp8 stage goes back to the producer as soon as it is converted. As
-in the portable kernel, an fp8 cache's dots run in fp16 (every e4m3 value is exact in fp16;
-fp8 -> fp16 is one cvt per two values, fp8 -> bf16 three): Q is converted in shared memory
-once (clamped to fp16's finite range), P is fp16, ``k_scale`` is folded into the score scale
-and into the final ``1 / l``.
+fp8 (e4m3) caches (``KV_FP8``). As in the portable kernel, an fp8 cache's dots run in fp16
+(every e4m3 value is exact in fp16; fp8 -> fp16 is one cvt per two values, fp8 -> bf16 three):
+Q is converted in shared memory once (clamped to fp16's finite range), P is fp16, ``k_scale``
+is folded into the score scale and into the final ``1 / l``. The alt kernel's converter warps
+TMA each fp8 block into the ring stage it will occupy as fp16 and dequantize it there, so the
+consumer groups run the bf16 schedule unchanged on fp16 tiles. The redundant kernel's producer
+loads the fp8 tile into an fp8 ring and the consumer groups dequantize it into one fp16 tile
+(each its own V half and half of the rope columns' rows, meeting at an mbarrier); the fp8
+stage goes back to the producer as soon as it is converted.
 
 Ragged draft counts and draft trees (``VARLEN`` / ``HAS_TREE``, constexprs: without them the
 kernels are unchanged): a request's rows start at ``Qo_Indptr[b]`` (``_work``), a row block
@@ -61,7 +62,8 @@ the block table (``kv_capacity``) is clamped in ``_work``, so the producer never
 table past the request's row, and marks the request.
 
 Register budget: 232 per consumer thread, 24 for the producer (``setmaxnreg``; the first
-consumer group is the default partition and keeps the parent's 248). Descriptors of shared
+consumer group is the default partition and keeps the parent's 248); 40 for the fp8
+converter warps (the first group then keeps 232). Descriptors of shared
 tiles that do not change across the block loop are indexed with an opaque zero so that the
 compiler recomputes them per block instead of keeping ~25 of them live (that spilled).
 """
@@ -599,11 +601,18 @@ def _pair_smem(q_desc, k_desc, LK: gl.constexpr, LV: gl.constexpr, BLOCK_N: gl.c
     gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
     gl.static_assert(LV == 8 * _DT)
     gl.static_assert(NUM_STAGES == 2)
-    gl.static_assert(not k_desc.dtype.is_fp8())
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_DT - 1, TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
-    kv_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
-    sp_smem = gl.allocate_shared_memory(gl.bfloat16, [2, _BM, BLOCK_N],
-                                        gl.NVMMASharedLayout.get_default_for([_BM, BLOCK_N], gl.bfloat16))
+    if k_desc.dtype.is_fp8():
+        # The dots run in fp16 (the module docstring): Q, the ring and P hold fp16, written by
+        # the converter warps (``_converter_pair``); the fp8 blocks land in the ring itself.
+        CDT: gl.constexpr = gl.float16
+        RING_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+    else:
+        CDT: gl.constexpr = k_desc.dtype
+        RING_L: gl.constexpr = k_desc.layout
+    q_smem = gl.allocate_shared_memory(CDT, [N_DT - 1, TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+    kv_smem = gl.allocate_shared_memory(CDT, [2 * N_DT, 1, BLOCK_N, _DT], RING_L)
+    sp_smem = gl.allocate_shared_memory(CDT, [2, _BM, BLOCK_N],
+                                        gl.NVMMASharedLayout.get_default_for([_BM, BLOCK_N], CDT))
     return q_smem, kv_smem, sp_smem
 
 
@@ -619,7 +628,10 @@ def _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0,
         q_tok = _first_row(row_base, qlen, VARLEN) + tok0
         mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
         for c in gl.static_range(N_DT - 1):
-            tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
+            dst = q_smem.index(c)
+            if q_smem.dtype != q_desc.dtype:  # fp8 caches: bf16 Q lands in the fp16 tiles
+                dst = dst.reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+            tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, dst)
         rope_dst = sp_smem.index(1).reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
         tma.async_load(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
 
@@ -671,6 +683,129 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
                 for c in gl.static_range(HALF0, N_DT):
                     tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
         page = page_next
+
+
+# fp8 caches on the pair schedules: a 4-warp converter partition replaces the producer warp.
+# The fp8 block (36 KB) is TMA'd into the ring stage it will occupy as fp16 (72 KB): each part
+# of the stage (here the alt schedule's halves: tiles 0-3 and 4-8) receives its own fp8 tiles
+# in its upper end, so a part is refilled as soon as its readers release it, as with bf16. The
+# converter then dequantizes the part in place, tile by tile in column order: fp16 tile c
+# covers fp8 tiles already converted and, for the part's last tile, its own bytes, which every
+# thread has read before any writes them (the partition barrier the compiler puts between a
+# shared-memory read and a write of the same buffer). The converter also turns Q to fp16 in
+# place before the consumers' first wait (``q_conv``). Its registers are what the consumer
+# groups leave of the budget (a tile at a time: 8 of fp8, 16 of fp16 per thread).
+
+
+@gluon.jit
+def _fp8_tile(kv_smem, s, c, HALF0: gl.constexpr, k_desc, BLOCK_N: gl.constexpr):
+    """The fp8 staging tile of column tile ``c`` of stage ``s``: the fp16 ring ``kv_smem`` seen
+    as fp8 tiles of 4 KB (two per fp16 tile), part 0 (tiles < HALF0) staged from 16 KB into the
+    stage, part 1 from 52 KB (each part's fp8 bytes at its upper end)."""
+    N_DT: gl.constexpr = kv_smem.shape[0] // 2
+    ring8 = kv_smem.reinterpret(k_desc.dtype, [4 * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
+    if c < HALF0:
+        return ring8.index(2 * N_DT * s + HALF0 + c)
+    else:
+        return ring8.index(2 * N_DT * s + N_DT + c)
+
+
+@gluon.jit
+def _dequant_part(kv_smem, s, c0: gl.constexpr, c1: gl.constexpr, HALF0: gl.constexpr, k_desc,
+                  BLOCK_N: gl.constexpr):
+    """Column tiles ``c0 .. c1 - 1`` of stage ``s``: fp8 staging -> fp16 ring tile, in order."""
+    N_DT: gl.constexpr = kv_smem.shape[0] // 2
+    CV_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 B of fp8 per load
+    # Two tiles per step: their loads overlap, and one partition barrier (before the first
+    # store) covers both.
+    for c in gl.static_range(c0, c1, 2):
+        x0 = _fp8_tile(kv_smem, s, c, HALF0, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
+        if c + 1 < c1:
+            x1 = _fp8_tile(kv_smem, s, c + 1, HALF0, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
+            kv_smem.index(s * N_DT + c).reshape([BLOCK_N, _DT]).store(x0.to(gl.float16))
+            kv_smem.index(s * N_DT + c + 1).reshape([BLOCK_N, _DT]).store(x1.to(gl.float16))
+        else:
+            kv_smem.index(s * N_DT + c).reshape([BLOCK_N, _DT]).store(x0.to(gl.float16))
+
+
+@gluon.jit
+def _q_to_fp16(t):
+    """A ``[64, 64]`` Q tile holding bf16 bits -> fp16 in place, clamped to fp16's range (an
+    out-of-range q saturates instead of turning the scores into inf / NaN)."""
+    QT_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    x = t.reinterpret(gl.bfloat16, t.shape, t.layout).load(QT_L).to(gl.float32)
+    t.store(gl.minimum(gl.maximum(x, -65504.0), 65504.0).to(gl.float16))
+
+
+@gluon.jit
+def _stage_half(k_desc, kv_smem, staged, s, h: gl.constexpr, page, tok, HALF0: gl.constexpr,
+                BLOCK_N: gl.constexpr):
+    """TMA of half ``h`` of the fp8 block at (``page``, ``tok``) into its staging tiles of stage
+    ``s`` (``staged[2s + h]`` counts the bytes)."""
+    N_DT: gl.constexpr = kv_smem.shape[0] // 2
+    bar = staged.index(2 * s + h)
+    if h == 0:
+        mbarrier.expect(bar, HALF0 * k_desc.block_type.nbytes)
+        for c in gl.static_range(HALF0):
+            tma.async_load(k_desc, [page, tok, c * _DT], bar, _fp8_tile(kv_smem, s, c, HALF0, k_desc, BLOCK_N))
+    else:
+        mbarrier.expect(bar, (N_DT - HALF0) * k_desc.block_type.nbytes)
+        for c in gl.static_range(HALF0, N_DT):
+            tma.async_load(k_desc, [page, tok, c * _DT], bar, _fp8_tile(kv_smem, s, c, HALF0, k_desc, BLOCK_N))
+
+
+@gluon.jit
+def _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                    Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                    kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                    MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
+                    CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
+                    VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+    """4 warps (fp8 caches, alt schedule): Q and the fp8 blocks by TMA, both turned to fp16 in
+    shared memory (see above). Blocks 0 and 1 are requested before Q converts (both stages start
+    free); then after each half of block i is dequantized (the owner's half first), a half of
+    block i + 1 is requested once block i - 1 released it (its owner's half first). Each of
+    those releases needs at most block i (the other group's, with QK_FIRST, its scores of block
+    i), so no wait here depends on a block not yet dequantized."""
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+    _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
+    req_row = pid_b.to(gl.int64) * stride_req_b
+    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
+    if n_blocks > 0:
+        for b in gl.static_range(2):
+            if b < n_blocks:
+                start = split_start + b * BLOCK_N
+                page = gl.load(Req_to_Token + req_row + start // page_size)
+                _stage_half(k_desc, kv_smem, staged, b, b, page, start % page_size, HALF0, BLOCK_N)
+                _stage_half(k_desc, kv_smem, staged, b, 1 - b, page, start % page_size, HALF0, BLOCK_N)
+        mbarrier.wait(q_bar, 0)
+        for c in gl.static_range(N_DT - 1):
+            _q_to_fp16(q_smem.index(c).reshape([_BM, _DT]))
+        _q_to_fp16(sp_smem.index(1))
+        fence_async_shared()
+        mbarrier.arrive(q_conv, count=1)
+    for i in range(n_blocks):
+        s = i % 2
+        s1 = 1 - s  # block i + 1's stage (block i - 1's until released)
+        start1 = split_start + (i + 1) * BLOCK_N
+        more = (i >= 1) & (i + 1 < n_blocks)  # block i + 1 not requested yet
+        page1 = gl.load(Req_to_Token + req_row + start1 // page_size, mask=more, other=0)
+        for hh in gl.static_range(2):
+            h = (s + hh) % 2
+            mbarrier.wait(staged.index(2 * s + h), (i // 2) & 1)
+            if h == 0:
+                _dequant_part(kv_smem, s, 0, HALF0, HALF0, k_desc, BLOCK_N)
+            else:
+                _dequant_part(kv_smem, s, HALF0, N_DT, HALF0, k_desc, BLOCK_N)
+            fence_async_shared()
+            mbarrier.arrive(ready.index(2 * s + h), count=1)
+            if more:
+                h1 = (s1 + hh) % 2
+                mbarrier.wait(empty.index(2 * s1 + h1), (((i + 1) // 2) & 1) ^ 1)
+                _stage_half(k_desc, kv_smem, staged, s1, h1, page1, start1 % page_size, HALF0, BLOCK_N)
 
 
 @gluon.jit
@@ -767,7 +902,7 @@ def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_sme
     m_prev = gl.where(j > 0, m_prev, float("-inf"))  # (garbage before block 0)
     m_new, alpha, p, l_i = _online_softmax(sc, m_prev, l_i)
     mbarrier.wait(p_free.index(s), ((j // 2) & 1) ^ 1)
-    sp_smem.index(s).store(p.to(gl.bfloat16))
+    sp_smem.index(s).store(p.to(sp_smem.dtype))
     sa_smem.index(s).store(alpha)
     sm_smem.store(m_new)
     fence_async_shared()
@@ -798,13 +933,15 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
                   LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr, cp_rank,
                   CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
-                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, KV_FP8: gl.constexpr,
+                  EARLY_RELEASE: gl.constexpr):
     """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
     and output columns ``[WG * LV/2, (WG + 1) * LV/2)``. ``shared``: the runtime arguments
-    both groups take (``_verify_stage1_alt`` builds it)."""
+    both groups take (``_verify_stage1_alt`` builds it). KV_FP8: the ring holds the fp16 blocks
+    the converter warps wrote; ``k_scale`` scales the scores and o."""
     (q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty, p_ready, p_free, l_bar, Seq_Lens,
-     Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size,
-     num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+     Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
+     page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
      stride_mid_s) = shared
     MMA: gl.constexpr = _wgmma_layout(BLOCK_N)  # the scores
     OP_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -819,7 +956,12 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                                   MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
                                   VARLEN, HAS_TREE, ROW)
 
-    q_rope = sp_smem.index(1).load(OP_A)  # [64, 64] bf16, the A operand of the rope wgmma
+    if KV_FP8:
+        v_scale = gl.load(K_Scale)
+        qk_scale = qk_scale * v_scale  # scores of a dequantized cache: q . (k * k_scale)
+    else:
+        v_scale = 1.0
+    q_rope = sp_smem.index(1).load(OP_A)  # [64, 64] bf16 (fp16), the A operand of the rope wgmma
     acc0 = gl.zeros([_BM, _DT], gl.float32, MMA)  # my O half, by 64 columns
     acc1 = gl.zeros([_BM, _DT], gl.float32, MMA)
     acc2 = gl.zeros([_BM, _DT], gl.float32, MMA)
@@ -859,11 +1001,23 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                 l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
                                                acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
-                mbarrier.arrive(empty.index(2 * sp + WG), count=1)
+                mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
                 mbarrier.arrive(p_free.index(sp), count=1)
         else:
             # My half of P_{j-1} V_{j-1} first, my scores queued behind it.
-            if j >= 1:
+            if j >= 1 and EARLY_RELEASE:
+                # ... or issued once it is done and my half of block j - 1 is released: the
+                # ring's refill does not wait for my scores (nor for block j to be ready).
+                l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
+                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+                mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
+                mbarrier.arrive(p_free.index(sp), count=1)
+                if j < n_blocks:
+                    tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1, qk,
+                                       BLOCK_N, N_DT)
+                    qk = warpgroup_mma_wait(0, deps=(tq, ))
+            elif j >= 1:
                 l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
                                                acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
                 if j < n_blocks:
@@ -887,7 +1041,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
     # l = my row sums + the other group's; m = the last published running max.
     l_i = _pair_row_sums(WG, l_i, sl_smem, l_bar, ROW)
     m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
-    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, 1.0, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
+    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                HEAD_BOX, LV, SINGLE, VARLEN, MMA)
 
@@ -947,15 +1101,18 @@ def _verify_stage1_alt(
     LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, QK_FIRST: gl.constexpr = False,
+    EARLY_RELEASE: gl.constexpr = False,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
     HAS_TREE: gl.constexpr = False,
 ):
-    """Stage 1 with the alternating schedule (bf16 caches only; same arguments as
-    ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2)."""
+    """Stage 1 with the alternating schedule (same arguments as ``_verify_stage1_ws``;
+    NUM_STAGES must be 2). An fp8 cache runs the converter partition (``_converter_pair``, 4
+    warps, PRODUCER_REGS registers) instead of the producer warp."""
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
     q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
     ROWS_L: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     sm_smem = gl.allocate_shared_memory(gl.float32, [_BM], ROWS_L)
@@ -975,25 +1132,47 @@ def _verify_stage1_alt(
     for i in gl.static_range(2):
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=2)
+    if KV_FP8:
+        q_conv = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # Q is fp16
+        staged = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # fp8 half landed
+        mbarrier.init(q_conv, count=1)
+        for i in gl.static_range(4):
+            mbarrier.init(staged.index(i), count=1)
+    else:
+        q_conv = q_bar
 
     # The consumer groups' arguments as in _verify_stage1_ws: the runtime values both take in one
-    # tuple, then the rest.
-    shared = (q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty, p_ready, p_free, l_bar,
-              Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
-              page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
-              stride_mid_h, stride_mid_s)
-    gl.warp_specialize([
-        (_consumer_alt, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                         QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                         HAS_TREE)),
-        (_consumer_alt, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                         QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                         HAS_TREE)),
-        (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
-                         Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                         kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
-                         CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # tuple, then the rest. (The consumers' Q barrier: q_conv, which is q_bar for bf16.)
+    shared = (q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_conv, ready, empty, p_ready, p_free, l_bar,
+              Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token,
+              stride_req_b, page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh,
+              stride_mid_m, stride_mid_h, stride_mid_s)
+    if KV_FP8:
+        gl.warp_specialize([
+            (_consumer_alt, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                             QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
+                             HAS_TREE, True, EARLY_RELEASE)),
+            (_consumer_alt, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                             QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
+                             HAS_TREE, True, EARLY_RELEASE)),
+            (_converter_pair, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                               Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+                               page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                               N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
+        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_alt, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                             QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
+                             HAS_TREE, False, EARLY_RELEASE)),
+            (_consumer_alt, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                             QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
+                             HAS_TREE, False, EARLY_RELEASE)),
+            (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
+                             Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                             kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
+                             CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)
     for i in gl.static_range(4):
@@ -1002,6 +1181,10 @@ def _verify_stage1_alt(
     for i in gl.static_range(2):
         mbarrier.invalidate(p_ready.index(i))
         mbarrier.invalidate(p_free.index(i))
+    if KV_FP8:
+        mbarrier.invalidate(q_conv)
+        for i in gl.static_range(4):
+            mbarrier.invalidate(staged.index(i))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1167,13 +1350,13 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             _seesaw_publish(m_b, sm_smem.index(0), m_ready.index(0))
             p, l_i, acc0, acc1, acc2, acc3 = _seesaw_exp(sc, m_f, m_b, l_i, acc0, acc1, acc2, acc3)
             # (block b is never the tail of a full pair: b + 1 starts before kv_end)
-            t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(gl.bfloat16), OP_A), kv_smem, zero + V0, acc0, acc1,
+            t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, zero + V0, acc0, acc1,
                                        acc2, acc3, BLOCK_N)
             mbarrier.wait(m_ready.index(1), ph)
             m_b1 = sm_smem.index(1).load(ROW)
             s1 = gl.exp2(m_b - gl.where(m_b1 == float("-inf"), 0.0, m_b1))  # m_b's frame -> m_{b+1}'s
             mbarrier.wait(p_free.index(0), ph ^ 1)
-            _seesaw_publish((p * s1[:, None]).to(gl.bfloat16), sp_smem.index(0), p_ready.index(0))
+            _seesaw_publish((p * s1[:, None]).to(sp_smem.dtype), sp_smem.index(0), p_ready.index(0))
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
             mbarrier.arrive(empty.index(0), count=1)  # L of stage 0
             l_i = l_i * s1
@@ -1199,10 +1382,10 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             m_f = m_b1
             if start0 + 2 * BLOCK_N > kv_end:
                 _zero_v_tail(kv_smem, N_DT + zero, V0, V_TILES, kv_end - start0 - BLOCK_N, BLOCK_N)
-            t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(gl.bfloat16), OP_A), kv_smem, N_DT + zero + V0, acc0,
+            t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, N_DT + zero + V0, acc0,
                                        acc1, acc2, acc3, BLOCK_N)
             mbarrier.wait(p_free.index(1), ph ^ 1)
-            _seesaw_publish(p.to(gl.bfloat16), sp_smem.index(1), p_ready.index(1))
+            _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(1), p_ready.index(1))
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
             mbarrier.arrive(empty.index(3 + 1), count=1)  # R of stage 1
             mbarrier.wait(p_ready.index(0), ph)
@@ -1229,10 +1412,10 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             m_f = m_b
             if start0 + BLOCK_N > kv_end:
                 _zero_v_tail(kv_smem, zero, V0, V_TILES, kv_end - start0, BLOCK_N)
-            t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(gl.bfloat16), OP_A), kv_smem, zero + V0, acc0, acc1,
+            t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, zero + V0, acc0, acc1,
                                        acc2, acc3, BLOCK_N)
             mbarrier.wait(p_free.index(0), ph ^ 1)
-            _seesaw_publish(p.to(gl.bfloat16), sp_smem.index(0), p_ready.index(0))
+            _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(0), p_ready.index(0))
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
         else:
             mbarrier.wait(m_ready.index(0), ph)

@@ -44,8 +44,9 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # block must lie in one page (page_size % BLOCK_N == 0) and is the scores wgmma's N.
     "BLOCK_N": 64,
     # KV ring depth. 2 is what fits: "alt": Q 64 KB + 2 x 72 KB + 2 P tiles of 8 KB = 231 KB of
-    # the 227 KiB (232448 B) a CTA may have; "redundant": Q 72 KB + 2 x 72 KB = 221 KB; fp8:
-    # Q 72 KB + an fp16 block 72 KB + 2 fp8 stages of 36 KB = 221 KB.
+    # the 227 KiB (232448 B) a CTA may have (fp8: the same, each fp8 block staged inside its
+    # fp16 stage); "redundant": Q 72 KB + 2 x 72 KB = 221 KB; fp8: Q 72 KB + an fp16 block
+    # 72 KB + 2 fp8 stages of 36 KB = 221 KB.
     "NUM_STAGES": 2,
     # split chunking, as in the portable kernel: chunks of max(cdiv(L, splits), MIN_SPLIT_LEN)
     # rounded up to SPLIT_ALIGN (a multiple of BLOCK_N). Stage 2 must use the same values.
@@ -57,18 +58,27 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # <= 8 B, alt 4-24 B (scalars outside the block loop); other pairs spilled more.
     "CONSUMER_REGS": 232,
     "PRODUCER_REGS": 24,
-    # warps of the default partition (the first consumer warpgroup); the kernel has 4 + 4 + 1.
+    # fp8 caches on the alt schedule: registers per thread of the 4-warp converter partition
+    # that replaces the producer warp (``_converter_pair``: one tile at a time); with 232 per
+    # consumer group the default partition keeps 232 of the 3 x 168.
+    "CONVERTER_REGS": 40,
+    # warps of the default partition (the first consumer warpgroup); the kernel has 4 + 4 + 1
+    # (4 + 4 + 4 with the fp8 converter warps).
     "num_warps": 4,
     # bf16 caches: "alt" (block j's scores and softmax by consumer group j % 2 only, P shared
     # through shared memory: gluon_kernels._verify_stage1_alt), "seesaw" (FlashMLA's order over
     # block pairs: only the row max between the two softmaxes, the owner's P from registers,
     # ring parts refilled at their last reader: _verify_stage1_seesaw) or "redundant" (both
-    # groups compute every block's scores, no exchange: _verify_stage1_ws). fp8 caches always
-    # run the redundant kernel (it dequantizes each block into one fp16 tile).
+    # groups compute every block's scores, no exchange: _verify_stage1_ws). fp8 caches: "alt"
+    # with converter warps that dequantize each block in its ring stage, "redundant" (the
+    # consumer groups dequantize into one fp16 tile); "seesaw" runs the redundant kernel.
     "SCHEDULE": "alt",
     # "alt" only: a group issues the score wgmmas of its next block before it waits for the other
     # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
     "QK_FIRST": 0,
+    # "alt" without QK_FIRST: a group waits for its P.V on the other group's block and releases
+    # its half of that stage before it issues its next scores (instead of waiting for both).
+    "EARLY_RELEASE": 0,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -109,7 +119,8 @@ def gluon_unsupported_shape(device: torch.device, q_dtype: torch.dtype, kv_dtype
         return "NUM_STAGES must be >= 2"
     if c["SCHEDULE"] not in ("alt", "seesaw", "redundant"):
         return f"SCHEDULE {c['SCHEDULE']!r}: 'alt', 'seesaw' or 'redundant'"
-    if c["SCHEDULE"] in ("alt", "seesaw") and c["NUM_STAGES"] != 2 and kv_dtype == torch.bfloat16:
+    pair = c["SCHEDULE"] == "alt" or (c["SCHEDULE"] == "seesaw" and kv_dtype == torch.bfloat16)
+    if pair and c["NUM_STAGES"] != 2:  # (an fp8 cache on the seesaw runs the redundant kernel)
         return f"SCHEDULE {c['SCHEDULE']!r} is written for NUM_STAGES 2"
     why = sm90_reason(device)
     if why:
@@ -201,11 +212,13 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     grid = (gluon_row_blocks(qlen, num_heads) * batch * num_kv_splits,)
     fp8 = k_buffer.dtype == torch.float8_e4m3fn
     kernel = _gk._verify_stage1_ws
-    if not fp8 and c["SCHEDULE"] == "alt":
+    if c["SCHEDULE"] == "alt":
         kernel = _gk._verify_stage1_alt
     elif not fp8 and c["SCHEDULE"] == "seesaw":
         kernel = _gk._verify_stage1_seesaw
-    extra = {"QK_FIRST": bool(c["QK_FIRST"])} if kernel is _gk._verify_stage1_alt else {}
+    extra = ({"QK_FIRST": bool(c["QK_FIRST"]), "EARLY_RELEASE": bool(c["EARLY_RELEASE"])}
+             if kernel is _gk._verify_stage1_alt else {})
+    filler_regs = c["CONVERTER_REGS"] if fp8 and kernel is _gk._verify_stage1_alt else c["PRODUCER_REGS"]
     launch(kernel, grid,
         q_desc, k_desc, exp2_scale(sm_scale), req_to_token, seq_lens,
         real_lens if has_real else seq_lens, ws_arg, o, lse, k_scale,
@@ -214,7 +227,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         cp_rank if cp_world > 1 else None,  # None: a constexpr, the single-GPU kernel itself
         LV=Lv, LK=q.shape[-1], BLOCK_N=c["BLOCK_N"], NUM_STAGES=c["NUM_STAGES"],
         SPLIT_ALIGN=c["SPLIT_ALIGN"], MIN_SPLIT_LEN=c["MIN_SPLIT_LEN"], SINGLE=single,
-        PRODUCER_REGS=c["PRODUCER_REGS"], CONSUMER_REGS=c["CONSUMER_REGS"],
+        PRODUCER_REGS=filler_regs, CONSUMER_REGS=c["CONSUMER_REGS"],
         CP_WORLD=cp_world, CP_INTERLEAVE=cp_interleave if cp_world > 1 else 1,
         num_warps=c["num_warps"], **extra,
         # Ragged rows / draft trees: passed only when given, so that a call without them runs
