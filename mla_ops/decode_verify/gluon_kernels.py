@@ -809,6 +809,26 @@ def _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, sta
 
 
 @gluon.jit
+def _fill_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token, Seq_Lens,
+              Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX: gl.constexpr,
+              HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
+              N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
+              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, KV_FP8: gl.constexpr):
+    """The alt kernel's partition that fills the ring: the converter warps for an fp8 cache,
+    the producer warp otherwise (``q_conv`` and ``staged`` are then unused)."""
+    if KV_FP8:
+        _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
+                        Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
+                        TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
+                        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+    else:
+        _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
+                      Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX,
+                      HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE,
+                      Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+
+
+@gluon.jit
 def _zero_v_tail(kv_smem, base, V0: gl.constexpr, V_TILES: gl.constexpr, n_valid, BLOCK_N: gl.constexpr):
     """Zero rows ``>= n_valid`` of this group's V tiles of a block (NaN guard of the tail)."""
     TILE_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
@@ -1140,6 +1160,7 @@ def _verify_stage1_alt(
             mbarrier.init(staged.index(i), count=1)
     else:
         q_conv = q_bar
+        staged = ready  # (unused)
 
     # The consumer groups' arguments as in _verify_stage1_ws: the runtime values both take in one
     # tuple, then the rest. (The consumers' Q barrier: q_conv, which is q_bar for bf16.)
@@ -1147,32 +1168,18 @@ def _verify_stage1_alt(
               Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token,
               stride_req_b, page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh,
               stride_mid_m, stride_mid_h, stride_mid_s)
-    if KV_FP8:
-        gl.warp_specialize([
-            (_consumer_alt, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                             QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                             HAS_TREE, True, EARLY_RELEASE)),
-            (_consumer_alt, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                             QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                             HAS_TREE, True, EARLY_RELEASE)),
-            (_converter_pair, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
-                               Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
-                               page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                               N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
-        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer_alt, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                             QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                             HAS_TREE, False, EARLY_RELEASE)),
-            (_consumer_alt, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                             QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                             HAS_TREE, False, EARLY_RELEASE)),
-            (_producer_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
-                             Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                             kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
-                             CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize([
+        (_consumer_alt, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                         QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
+                         HAS_TREE, KV_FP8, EARLY_RELEASE)),
+        (_consumer_alt, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                         QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
+                         HAS_TREE, KV_FP8, EARLY_RELEASE)),
+        (_fill_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
+                     Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
+                     TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
+                     CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, KV_FP8)),
+    ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)
     for i in gl.static_range(4):
