@@ -14,6 +14,10 @@ reported and skipped.
         --variant '{}' '{"TMA": 1}' '{"PERSISTENT": 1}' '{"splits": 16, "S2_BLOCK_DV": 128}' \
         --json $OUT/ab.json
 
+``--cache bf16 fp8`` runs each named shape with each listed cache instead of its own (M7 with a
+bf16 cache beside its fp8 one); a shape with another cache than its own is labelled as a grid
+point (``H128-q2-B16-L32768-bf16-p64``).
+
 ``--rounds N`` times each variant N times, round-robin (median of each round's graph-replay
 median is reported, with the spread), so that a drift of the machine hits all variants alike.
 """
@@ -21,6 +25,7 @@ median is reported, with the spread), so that a drift of the machine hits all va
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -49,6 +54,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grid", action="store_true",
                    help="the representative grid instead (H 16/128 x qlen 1/2/4 x (B, L) in "
                         "(1, 8k), (32, 4k), (128, 4k), (16, 32k) x bf16/fp8)")
+    p.add_argument("--cache", nargs="+", choices=("bf16", "fp8"),
+                   help="each named shape with each of these caches instead of its own")
     p.add_argument("--variant", nargs="+", default=["{}"], help="JSON config overrides")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--replays", type=int, default=200)
@@ -59,6 +66,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.interpret and args.shape:
         p.error("--interpret runs a tiny shape on the CPU; the named shapes need a GPU")
+    if args.cache and (args.grid or args.interpret):
+        p.error("--cache applies to the named shapes (the grid has both caches)")
     args.shape = cli.split_names(p, args.shape, list(SHAPES)) or list(SHAPES)
     try:
         args.variants = [json.loads(v) for v in args.variant]
@@ -78,6 +87,22 @@ def resolve_variant(api: decode.Api, case, v: dict) -> tuple[str, dict, int, dic
     return label, v, splits or decode.default_splits(api, case, cfg), cfg
 
 
+def resolve_cases(args: argparse.Namespace) -> list:
+    """The cases ``args`` name: the interpreter's one, the grid, or the named shapes (each with
+    every ``--cache``: its own keeps its name, another cache makes it a grid-style point)."""
+    if args.interpret:
+        return [INTERPRET_CASE]
+    if args.grid:
+        return grid_points(qlens=(1, 2, 4))
+    cases = []
+    for n in args.shape:
+        case = SHAPES[n].case
+        for cache in args.cache or [case.cache]:
+            fp8 = cache == "fp8"
+            cases.append(case if fp8 == case.fp8 else dataclasses.replace(case, fp8=fp8, name=None))
+    return cases
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv, args, device = cli.start(argv, parse_args, PROG)
     if device is None:
@@ -85,12 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     dtype = "fp16" if args.interpret else "bf16"
-    if args.interpret:
-        cases = [INTERPRET_CASE]
-    elif args.grid:
-        cases = grid_points(qlens=(1, 2, 4))
-    else:
-        cases = [SHAPES[n].case for n in args.shape]
+    cases = resolve_cases(args)
     api = decode.load_api()
     env = results.env_info()
     cli.banner("decode_verify A/B", env)

@@ -17,6 +17,11 @@
 #                                           # P7 (ncu_P2.csv, ncu_P7.csv), then exp2 on MUFU /
 #                                           # half / a quarter on the FMA pipes / ablated (one
 #                                           # FMA), graph replays beside SDPA (ab_exp2.json)
+#   bash benchmarks/h200_session.sh fp8bound  # M4 and M7 with fp8 and bf16 caches in one
+#                                           # process (ab_fp8_bf16.json), then Nsight Compute's
+#                                           # pipe, warp-state and memory sections of one Gluon
+#                                           # stage 1 at M7: the table's fp8 launch and bf16 alt
+#                                           # (ncu_M7_fp8.txt, ncu_M7_bf16_alt.txt)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -107,6 +112,21 @@ bound() {
     --json "$OUT/ab_exp2.json" 2>&1 | tail -40
 }
 
+fp8bound() {  # where an fp8 cache's time goes beside a bf16 one on the same shapes
+  timeout 150 python3 benchmarks/ab_decode_verify.py --shape M4 M7 --cache fp8 bf16 --rounds 3 \
+    --json "$OUT/ab_fp8_bf16.json" 2>&1 | tail -10
+  for run in "fp8 {}" "bf16_alt {\"SCHEDULE\":\"alt\"}"; do
+    name=${run%% *} variant=${run#* }
+    timeout 150 ncu --clock-control none --kernel-name regex:_verify_stage1 --launch-skip 4 \
+      --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section WarpStateStats --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \
+      -o "$OUT/ncu_M7_$name" -f python3 benchmarks/ab_decode_verify.py --shape M7 \
+      --cache "${name%%_*}" --variant "$variant" --rounds 1 --replays 5 >> "$OUT/ncu.log" 2>&1 \
+      && ncu --import "$OUT/ncu_M7_$name.ncu-rep" --page details > "$OUT/ncu_M7_$name.txt" \
+      && rm -f "$OUT/ncu_M7_$name.ncu-rep" || { echo "ncu ($name) failed:"; tail -5 "$OUT/ncu.log"; }
+  done
+}
+
 abtree() {
   base=${AB_BASE:-.ab_base}
   [ -f "$base/mla_ops/__init__.py" ] || { echo "no $base/mla_ops: carry it (run tool: carry)"; return 2; }
@@ -125,6 +145,7 @@ e2e) e2e ;;
 flashmla) flashmla ;;
 abtree) abtree ;;
 bound) bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|bound" >&2
+fp8bound) fp8bound ;;
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|bound|fp8bound" >&2
    exit 2 ;;
 esac

@@ -604,6 +604,18 @@ def test_ab_interpret_times_variants_and_reports_refused_ones(tmp_path, monkeypa
                                   '{"BLOCK_H": 16}']) == 1
 
 
+def test_ab_cache_runs_named_shapes_with_other_caches():
+    args = ab_decode_verify.parse_args(["--shape", "M7", "M2", "--cache", "fp8", "bf16"])
+    got = [(c.name, c.key) for c in ab_decode_verify.resolve_cases(args)]
+    assert got == [("M7", "H128-q2-B16-L32768-fp8-p64"), (None, "H128-q2-B16-L32768-bf16-p64"),
+                   (None, "H16-q2-B32-L4096-fp8-p64"), ("M2", "H16-q2-B32-L4096-bf16-p64")]
+    own = ab_decode_verify.resolve_cases(ab_decode_verify.parse_args(["--shape", "M4"]))
+    assert [(c.name, c.fp8) for c in own] == [("M4", True)]
+    for bad in (["--grid", "--cache", "bf16"], ["--shape", "M4", "--cache", "fp16"]):
+        with pytest.raises(SystemExit):
+            ab_decode_verify.parse_args(bad)
+
+
 def test_prefill_arguments():
     a = benchmark_vit_prefill_attn.parse_args(["--shape", "P2,P3", "--bm", "64", "--nw", "4",
                                                "--tma", "0", "--no-hint", "--no-split",
