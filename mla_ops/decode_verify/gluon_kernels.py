@@ -689,12 +689,13 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
 # The fp8 block (36 KB) is TMA'd into the ring stage it will occupy as fp16 (72 KB): each part
 # of the stage (here the alt schedule's halves: tiles 0-3 and 4-8) receives its own fp8 tiles
 # in its upper end, so a part is refilled as soon as its readers release it, as with bf16. The
-# converter then dequantizes the part in place, tile by tile in column order: fp16 tile c
-# covers fp8 tiles already converted and, for the part's last tile, its own bytes, which every
-# thread has read before any writes them (the partition barrier the compiler puts between a
-# shared-memory read and a write of the same buffer). The converter also turns Q to fp16 in
-# place before the consumers' first wait (``q_conv``). Its registers are what the consumer
-# groups leave of the budget (a tile at a time: 8 of fp8, 16 of fp16 per thread).
+# converter then dequantizes the part in place, two tiles per step in column order: fp16 tile c
+# covers fp8 tiles already converted and, for the part's last tile, its own bytes, so every
+# thread has read a step before any writes it, and written it before any reads the next (the
+# partition barriers of ``_dequant_part``; written out, they are the ones the compiler put
+# there by itself: the SASS is the same). The converter also turns Q to fp16 in place before
+# the consumers' first wait (``q_conv``). Its registers are what the consumer groups leave of
+# the budget (8 of fp8 and 16 of fp16 per thread and tile).
 
 
 @gluon.jit
@@ -716,16 +717,22 @@ def _dequant_part(kv_smem, s, c0: gl.constexpr, c1: gl.constexpr, HALF0: gl.cons
     """Column tiles ``c0 .. c1 - 1`` of stage ``s``: fp8 staging -> fp16 ring tile, in order."""
     N_DT: gl.constexpr = kv_smem.shape[0] // 2
     CV_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 B of fp8 per load
-    # Two tiles per step: their loads overlap, and one partition barrier (before the first
-    # store) covers both.
+    # Two tiles per step: their loads overlap. Every thread of the partition has read a step's
+    # fp8 bytes before any writes the fp16 tiles over them (the step's fp16 bytes cover fp8
+    # bytes of this step and of earlier ones), and has written a step before any reads the next.
     for c in gl.static_range(c0, c1, 2):
-        x0 = _fp8_tile(kv_smem, s, c, HALF0, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
+        if c > c0:
+            gl.thread_barrier()
+        y0 = _fp8_tile(kv_smem, s, c, HALF0, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L).to(gl.float16)
         if c + 1 < c1:
             x1 = _fp8_tile(kv_smem, s, c + 1, HALF0, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
-            kv_smem.index(s * N_DT + c).reshape([BLOCK_N, _DT]).store(x0.to(gl.float16))
-            kv_smem.index(s * N_DT + c + 1).reshape([BLOCK_N, _DT]).store(x1.to(gl.float16))
+            y1 = x1.to(gl.float16)
+            gl.thread_barrier()
+            kv_smem.index(s * N_DT + c).reshape([BLOCK_N, _DT]).store(y0)
+            kv_smem.index(s * N_DT + c + 1).reshape([BLOCK_N, _DT]).store(y1)
         else:
-            kv_smem.index(s * N_DT + c).reshape([BLOCK_N, _DT]).store(x0.to(gl.float16))
+            gl.thread_barrier()
+            kv_smem.index(s * N_DT + c).reshape([BLOCK_N, _DT]).store(y0)
 
 
 @gluon.jit
