@@ -82,6 +82,9 @@ from ..gluon_support import tma  # hopper's tma under one name on every triton o
 from .kernels import _LN2, _cp_local_len, _request_rows  # shared with the portable kernel
 from .splits import split_chunk
 
+# The partition-wide barrier: ``thread_barrier`` in triton 3.6, ``barrier`` from 3.7 on.
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
 _BM = gl.constexpr(64)  # rows per CTA: one wgmma M
 _DT = gl.constexpr(64)  # columns per shared tile: 128 B of 16-bit values, one swizzle row
 
@@ -722,16 +725,16 @@ def _dequant_part(kv_smem, s, c0: gl.constexpr, c1: gl.constexpr, HALF0: gl.cons
     # bytes of this step and of earlier ones), and has written a step before any reads the next.
     for c in gl.static_range(c0, c1, 2):
         if c > c0:
-            gl.thread_barrier()
+            _barrier()
         y0 = _fp8_tile(kv_smem, s, c, HALF0, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L).to(gl.float16)
         if c + 1 < c1:
             x1 = _fp8_tile(kv_smem, s, c + 1, HALF0, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
             y1 = x1.to(gl.float16)
-            gl.thread_barrier()
+            _barrier()
             kv_smem.index(s * N_DT + c).reshape([BLOCK_N, _DT]).store(y0)
             kv_smem.index(s * N_DT + c + 1).reshape([BLOCK_N, _DT]).store(y1)
         else:
-            gl.thread_barrier()
+            _barrier()
             kv_smem.index(s * N_DT + c).reshape([BLOCK_N, _DT]).store(y0)
 
 
