@@ -21,7 +21,11 @@
 #                                           # process (ab_fp8_bf16.json), then Nsight Compute's
 #                                           # pipe, warp-state and memory sections of one Gluon
 #                                           # stage 1 at M7: the table's fp8 launch and bf16 alt
-#                                           # (ncu_M7_fp8.txt, ncu_M7_bf16_alt.txt)
+#                                           # (ncu_M7_fp8.txt, ncu_M7_bf16_alt.txt, each one's
+#                                           # SASS with its stall samples, *_sass.csv, and
+#                                           # where each partition waits, *_stalls.md)
+#   bash benchmarks/h200_session.sh bf16bound # the same profiles of the table's bf16 stage 1
+#                                           # at M5 and M3 (ncu_M5_table*, ncu_M3_table*)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -112,19 +116,32 @@ bound() {
     --json "$OUT/ab_exp2.json" 2>&1 | tail -40
 }
 
+stage1_ncu() {  # $1 name, $2 shape, $3 cache, $4 variant: one Gluon stage 1 under Nsight Compute,
+  # its sections (ncu_<name>.txt), its SASS with the warps' stall samples (ncu_<name>_sass.csv)
+  # and where each partition waits (ncu_<name>_stalls.md, benchmarks/ncu_stalls.py)
+  timeout 200 ncu --clock-control none --kernel-name regex:_verify_stage1 --launch-skip 4 \
+    --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \
+    --section SourceCounters --import-source no -o "$OUT/ncu_$1" -f python3 \
+    benchmarks/ab_decode_verify.py --shape "$2" --cache "$3" --variant "$4" --rounds 1 \
+    --replays 5 >> "$OUT/ncu.log" 2>&1 \
+    && ncu --import "$OUT/ncu_$1.ncu-rep" --page details > "$OUT/ncu_$1.txt" \
+    && ncu --import "$OUT/ncu_$1.ncu-rep" --page source --print-source sass --csv \
+      > "$OUT/ncu_$1_sass.csv" \
+    && python3 benchmarks/ncu_stalls.py "$OUT/ncu_$1_sass.csv" > "$OUT/ncu_$1_stalls.md" \
+    && rm -f "$OUT/ncu_$1.ncu-rep" || { echo "ncu ($1) failed:"; tail -5 "$OUT/ncu.log"; }
+}
+
 fp8bound() {  # where an fp8 cache's time goes beside a bf16 one on the same shapes
   timeout 150 python3 benchmarks/ab_decode_verify.py --shape M4 M7 --cache fp8 bf16 --rounds 3 \
     --json "$OUT/ab_fp8_bf16.json" 2>&1 | tail -10
-  for run in "fp8 {}" "bf16_alt {\"SCHEDULE\":\"alt\"}"; do
-    name=${run%% *} variant=${run#* }
-    timeout 150 ncu --clock-control none --kernel-name regex:_verify_stage1 --launch-skip 4 \
-      --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
-      --section WarpStateStats --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \
-      -o "$OUT/ncu_M7_$name" -f python3 benchmarks/ab_decode_verify.py --shape M7 \
-      --cache "${name%%_*}" --variant "$variant" --rounds 1 --replays 5 >> "$OUT/ncu.log" 2>&1 \
-      && ncu --import "$OUT/ncu_M7_$name.ncu-rep" --page details > "$OUT/ncu_M7_$name.txt" \
-      && rm -f "$OUT/ncu_M7_$name.ncu-rep" || { echo "ncu ($name) failed:"; tail -5 "$OUT/ncu.log"; }
-  done
+  stage1_ncu M7_fp8 M7 fp8 '{}'
+  stage1_ncu M7_bf16_alt M7 bf16 '{"SCHEDULE":"alt"}'
+}
+
+bf16bound() {  # the table's bf16 Gluon stage 1 where FlashMLA leads most: H128 (M5) and H16 (M3)
+  stage1_ncu M5_table M5 bf16 '{}'
+  stage1_ncu M3_table M3 bf16 '{}'
 }
 
 abtree() {
@@ -146,6 +163,7 @@ flashmla) flashmla ;;
 abtree) abtree ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|bound|fp8bound" >&2
+bf16bound) bf16bound ;;
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac

@@ -1146,3 +1146,35 @@ def test_compile_key_ignores_batch_and_split_count_but_not_single_split():
     assert decode.compile_key(a) == decode.compile_key(b)
     assert decode.compile_key(b) != decode.compile_key(c)
     assert decode.compile_key(b) != decode.compile_key(d)
+
+
+def test_ncu_stalls_attributes_samples_to_partitions_and_mbarriers(tmp_path):
+    """ncu_stalls.py on a hand-made SASS table: two partitions (setmaxnreg between them), one
+    busy with a poll loop on an mbarrier and a wgmma wait, one of idle warps that is left out."""
+    from benchmarks import ncu_stalls
+
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+            "stall_long_sb", "stall_barrier", "stall_long_sb (Not Issued)"]
+    body = [  # (source, samples, executed, long_sb, barrier)
+        ("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8", 0, 4096, 0, 0),
+        ("HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", 10, 65536, 0, 0),
+        ("WARPGROUP.DEPBAR.LE gsb0, 0x0", 20, 65536, 0, 20),
+        ("SYNCS.PHASECHK.TRANS64.TRYWAIT P3, [UR4+0x38558], R4", 5, 65536, 5, 0),
+        ("@!P3 BRA 0x7f0", 45, 65536, 45, 0),
+        ("SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4+0x38568], RZ", 20, 65536, 0, 0),
+        ("USETMAXREG.DEALLOC.CTAPOOL 0x18", 0, 512, 0, 0),
+        ("BAR.SYNC.DEFER_BLOCKING 0x1", 0, 512, 0, 0),
+        ("NOP", 100, 512, 0, 100),
+    ]
+    path = tmp_path / "k_sass.csv"
+    lines = ['"Kernel Name","_verify_stage1_seesaw",', ",".join(f'"{h}"' for h in head)]
+    lines += [",".join(f'"{v}"' for v in (f"0x{i:x}", src, s, e, lsb, bar, 0))
+              for i, (src, s, e, lsb, bar) in enumerate(body)]
+    path.write_text("\n".join(lines) + "\n")
+    text = ncu_stalls.summarize(str(path), top=4)
+    assert "_verify_stage1_seesaw): 200 samples" in text
+    assert "SASS [0, 6): 50.0% of the samples, 1 HGMMA; mbarrier waits 50%, wgmma waits 20%" in text
+    assert "waits on `UR4+0x38558`: 50.0%" in text
+    assert "arrives on: `UR4+0x38568`" in text
+    assert "idle warps (padding a partition to a warpgroup): 50.0%" in text
+    assert "SASS [6," not in text  # the idle partition is not listed as a busy one
