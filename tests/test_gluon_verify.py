@@ -36,8 +36,8 @@ SMEM_LIMIT = 232448  # bytes of shared memory one CTA may have on sm_90 (227 KB)
 FP8 = torch.float8_e4m3fn
 
 # The Gluon configs of the sm_90 table (each rule's stage-1 keys over the family's defaults);
-# the schedules (alt, alt with QK_FIRST, seesaw, redundant; fp8: alt with EARLY_RELEASE and
-# redundant) are all compiled for each.
+# the schedules (alt, alt with QK_FIRST, seesaw with and without STAGE_ORDER, redundant; fp8: alt
+# with EARLY_RELEASE and redundant) are all compiled for each.
 def _table_configs() -> dict:
     from mla_ops import tuning
 
@@ -46,7 +46,8 @@ def _table_configs() -> dict:
         if rule["config"].get("family") == "gluon":
             cfg = {**gla.GLUON_DEFAULT_CONFIG,
                    **{k: v for k, v in rule["config"].items() if k in gla.GLUON_DEFAULT_CONFIG}}
-            key = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("SCHEDULE", "QK_FIRST", "EARLY_RELEASE")))
+            key = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("SCHEDULE", "QK_FIRST", "EARLY_RELEASE",
+                                                                                 "STAGE_ORDER")))
             out.setdefault(key, (f"rule{i}", cfg))
     return dict(out.values())
 
@@ -107,11 +108,14 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         sig.update(Qo_Indptr="*i32", Tree_Mask="*i64", num_rows="i32")
         constexprs.update(VARLEN=True, HAS_TREE=True)
     fn = {"alt": gk._verify_stage1_alt, "alt-qkfirst": gk._verify_stage1_alt, "alt-early": gk._verify_stage1_alt,
-          "seesaw": gk._verify_stage1_seesaw}.get(schedule, gk._verify_stage1_ws)
+          "seesaw": gk._verify_stage1_seesaw, "seesaw-stage": gk._verify_stage1_seesaw}.get(schedule,
+                                                                                     gk._verify_stage1_ws)
     if schedule == "alt-qkfirst":
         constexprs["QK_FIRST"] = True
     if schedule == "alt-early":
         constexprs["EARLY_RELEASE"] = True
+    if schedule == "seesaw-stage":
+        constexprs["STAGE_ORDER"] = True
     return compile_sm90a(fn, sig, constexprs, cfg["num_warps"])
 
 
@@ -126,8 +130,8 @@ VARIANTS = [(name, h, sched, fp8, single, False, False) for name in sorted(PROPO
             for h, single in ((16, False), (128, True))]
 VARIANTS += [(name, 16, "redundant", True, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
 VARIANTS += [(name, 128, "alt-qkfirst", False, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
-VARIANTS += [(name, h, "seesaw", False, single, False, False) for name in sorted(PROPOSED_CONFIGS)
-             for h, single in ((16, False), (128, True))]
+VARIANTS += [(name, h, sched, False, single, False, False) for name in sorted(PROPOSED_CONFIGS)
+             for sched in ("seesaw", "seesaw-stage") for h, single in ((16, False), (128, True))]
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, False, True, False)
              for h, sched, fp8 in ((16, "alt", False), (16, "alt-early", True), (128, "alt-qkfirst", False),
                                    (128, "seesaw", False))]
@@ -171,12 +175,13 @@ def offline_reports(tmp_path_factory):
 # Spill bytes ptxas reports per kernel: scalars spilled once outside the block loop (checked
 # in the SASS when these limits were set); the redundant bf16 kernel spills nothing.
 MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32, ("alt-qkfirst", False): 32,
-             ("seesaw", False): 48, ("alt-early", True): 80}
+             ("seesaw", False): 48, ("seesaw-stage", False): 120, ("alt-early", True): 80}
 # (alt-early fp8, the converter partition's kernel: H16 60 bytes, H128 one split 72; in the SASS
 # of H128 the first group and the converter reload nothing inside their loops, the second group
 # about six words per block.)
 # (seesaw: H16 8 bytes, H128 one split 44: scalars stored before the pair loop; group 1 reloads
-# three of them per block pair, read in the SASS.)
+# three of them per block pair, read in the SASS. With STAGE_ORDER group 1 keeps its P beside O
+# over the other group's P.V: H16 76 bytes, H128 116; it reloads about ten words per pair.)
 # A context-parallel rank's kernel keeps a few more scalars (rank, local lengths): alt H16 spills
 # 40 bytes, stored before each group's block loop and reloaded after it (read in the SASS).
 CP_EXTRA_SPILL = 16
@@ -364,7 +369,7 @@ GPU_CASES = [
 
 SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_FIRST": 1},
              "alt-early": {"SCHEDULE": "alt", "EARLY_RELEASE": 1},
-             "seesaw": {"SCHEDULE": "seesaw"},
+             "seesaw": {"SCHEDULE": "seesaw"}, "seesaw-stage": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1},
              "redundant": {"SCHEDULE": "redundant"}}
 
 
@@ -374,7 +379,7 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
 def test_gluon_matches_reference(case, schedule):
     _, B, H, qlen, lens, page, fp8, layout, real, caps = case
-    if fp8 and schedule == "seesaw":
+    if fp8 and schedule.startswith("seesaw"):
         pytest.skip("an fp8 cache on the seesaw runs the redundant kernel")
     c = make_case(B, H, qlen, None, page, fp8=fp8, layout=layout, real=real, lens=lens, seed=B + qlen)
     for splits in caps:
@@ -385,8 +390,9 @@ def test_gluon_matches_reference(case, schedule):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("fp8,schedule", [(False, "alt"), (False, "seesaw"), (True, "redundant"), (True, "alt-early")],
-                         ids=["bf16-alt", "bf16-seesaw", "fp8-redundant", "fp8-alt-early"])
+@pytest.mark.parametrize("fp8,schedule", [(False, "alt"), (False, "seesaw"), (False, "seesaw-stage"),
+                                          (True, "redundant"), (True, "alt-early")],
+                         ids=["bf16-alt", "bf16-seesaw", "bf16-seesaw-stage", "fp8-redundant", "fp8-alt-early"])
 def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule])
 

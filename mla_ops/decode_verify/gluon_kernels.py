@@ -1233,9 +1233,10 @@ def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, emp
                      kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                      MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                      CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                     VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+                     VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr):
     """1 warp: Q as in ``_producer_alt``, then each block into stage ``i % 2`` by parts (rope,
-    the owner's V half, the other half), each as soon as its ``empty`` barrier passes."""
+    then the V halves in the order they are released: the owner's half first, or with
+    STAGE_ORDER the left half, then the right), each as soon as its ``empty`` barrier passes."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
@@ -1256,7 +1257,7 @@ def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, emp
         mbarrier.expect(bar, k_desc.block_type.nbytes)
         tma.async_load(k_desc, [page, tok, (N_DT - 1) * _DT], bar, kv_smem.index(s * N_DT + N_DT - 1))
         for hh in gl.static_range(2):
-            part = (s + hh) % 2  # the owner's half first
+            part = (s * (1 - STAGE_ORDER) + hh) % 2  # the owner's half first, or left first
             mbarrier.wait(empty.index(3 * s + part), ph)
             bar = ready.index(3 * s + part)
             mbarrier.expect(bar, HALF * k_desc.block_type.nbytes)
@@ -1268,18 +1269,20 @@ def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, emp
 
 @gluon.jit
 def _seesaw_scores(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, zero, ph, qk, BLOCK_N: gl.constexpr,
-                   N_DT: gl.constexpr):
+                   N_DT: gl.constexpr, STAGE_ORDER: gl.constexpr):
     """Issue ``S = Q K^T`` of group WG's next block (stage WG) part by part, in the order the
-    producer loads them (rope, my V half, the other half); returns the in-flight accumulator."""
+    producer loads them (rope, my V half, the other half; with STAGE_ORDER rope, left, right);
+    returns the in-flight accumulator."""
     HALF: gl.constexpr = (N_DT - 1) // 2
     base = (WG + zero) * N_DT
     mbarrier.wait(ready.index(3 * WG + 2), ph)
     qk = warpgroup_mma(q_rope, kv_smem.index(base + N_DT - 1).reshape([BLOCK_N, _DT]).permute((1, 0)),
                        qk, use_acc=False, is_async=True)
     for hh in gl.static_range(2):
-        mbarrier.wait(ready.index(3 * WG + (WG + hh) % 2), ph)
+        part = (WG * (1 - STAGE_ORDER) + hh) % 2  # my half first, or left first
+        mbarrier.wait(ready.index(3 * WG + part), ph)
         for c in gl.static_range(HALF):
-            t = (WG + hh) % 2 * HALF + c  # my half first
+            t = part * HALF + c
             qk = warpgroup_mma(q_smem.index(t + zero).reshape([_BM, _DT]),
                                kv_smem.index(base + t).reshape([BLOCK_N, _DT]).permute((1, 0)), qk, is_async=True)
     return qk
@@ -1320,9 +1323,12 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                      CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows, VARLEN: gl.constexpr,
-                     HAS_TREE: gl.constexpr):
+                     HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr):
     """Consumer group WG of the seesaw schedule (see above). ``shared``: the runtime arguments
-    both groups take (``_verify_stage1_seesaw`` builds it)."""
+    both groups take (``_verify_stage1_seesaw`` builds it). STAGE_ORDER: group 1 multiplies
+    the other group's P_b (stage 0) before its own P_{b+1}, so that stage 0 is free in the
+    middle of the pair and block b + 2 loads under the pair's second half (without it, both
+    stages are released at the end of the pair and group 0 waits for b + 2's right half)."""
     (q_smem, kv_smem, sp_smem, sm_smem, sl_smem, q_bar, ready, empty, m_ready, p_ready, p_free, l_bar, Seq_Lens,
      Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size,
      num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
@@ -1352,7 +1358,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
 
     # My first block's scores (block WG).
     if WG < n_blocks:
-        qk = _seesaw_scores(WG, q_smem, q_rope, kv_smem, ready, nz, 0, qk, BLOCK_N, N_DT)
+        qk = _seesaw_scores(WG, q_smem, q_rope, kv_smem, ready, nz, 0, qk, BLOCK_N, N_DT, STAGE_ORDER)
         qk = warpgroup_mma_wait(0, deps=(qk, ))
         mbarrier.arrive(empty.index(3 * WG + 2), count=1)
 
@@ -1399,20 +1405,34 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             m_f = m_b1
             if start0 + 2 * BLOCK_N > kv_end:
                 _zero_v_tail(kv_smem, N_DT + zero, V0, V_TILES, kv_end - start0 - BLOCK_N, BLOCK_N)
-            t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, N_DT + zero + V0, acc0,
-                                       acc1, acc2, acc3, BLOCK_N)
-            mbarrier.wait(p_free.index(1), ph ^ 1)
-            _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(1), p_ready.index(1))
-            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
-            mbarrier.arrive(empty.index(3 + 1), count=1)  # R of stage 1
-            mbarrier.wait(p_ready.index(0), ph)
-            t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
-            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
-            mbarrier.arrive(empty.index(1), count=1)  # R of stage 0
-            mbarrier.arrive(p_free.index(0), count=1)
+            if STAGE_ORDER:
+                pb = p.to(sp_smem.dtype)
+                mbarrier.wait(p_free.index(1), ph ^ 1)
+                _seesaw_publish(pb, sp_smem.index(1), p_ready.index(1))
+                p_op = gl.convert_layout(pb, OP_A)
+                mbarrier.wait(p_ready.index(0), ph)
+                t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+                mbarrier.arrive(empty.index(1), count=1)  # R of stage 0
+                mbarrier.arrive(p_free.index(0), count=1)
+                t0, t1, t2, t3 = _pv_issue(p_op, kv_smem, N_DT + zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+                mbarrier.arrive(empty.index(3 + 1), count=1)  # R of stage 1
+            else:
+                t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, N_DT + zero + V0,
+                                           acc0, acc1, acc2, acc3, BLOCK_N)
+                mbarrier.wait(p_free.index(1), ph ^ 1)
+                _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(1), p_ready.index(1))
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+                mbarrier.arrive(empty.index(3 + 1), count=1)  # R of stage 1
+                mbarrier.wait(p_ready.index(0), ph)
+                t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+                mbarrier.arrive(empty.index(1), count=1)  # R of stage 0
+                mbarrier.arrive(p_free.index(0), count=1)
         # My next block's scores (b + 2 or b + 3), once my wgmmas on this pair are done.
         if 2 * pr + 2 + WG < n_blocks:
-            tq = _seesaw_scores(WG, q_smem, q_rope, kv_smem, ready, zero, ph ^ 1, qk, BLOCK_N, N_DT)
+            tq = _seesaw_scores(WG, q_smem, q_rope, kv_smem, ready, zero, ph ^ 1, qk, BLOCK_N, N_DT, STAGE_ORDER)
             qk = warpgroup_mma_wait(0, deps=(tq, ))
             mbarrier.arrive(empty.index(3 * WG + 2), count=1)  # the rope tile of my stage
 
@@ -1470,11 +1490,11 @@ def _verify_stage1_seesaw(
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
-    HAS_TREE: gl.constexpr = False,
+    HAS_TREE: gl.constexpr = False, STAGE_ORDER: gl.constexpr = False,
 ):
     """Stage 1 with the seesaw schedule (bf16 caches only; same arguments as
-    ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2). Shared memory as in
-    ``_verify_stage1_alt``."""
+    ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2; STAGE_ORDER: see
+    ``_consumer_seesaw``). Shared memory as in ``_verify_stage1_alt``."""
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
@@ -1506,13 +1526,15 @@ def _verify_stage1_seesaw(
               stride_mid_h, stride_mid_s)
     gl.warp_specialize([
         (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE)),
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
+                            STAGE_ORDER)),
         (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE)),
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
+                            STAGE_ORDER)),
         (_producer_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
                             Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                             kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
-                            CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
+                            CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)

@@ -79,6 +79,9 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # "alt" without QK_FIRST: a group waits for its P.V on the other group's block and releases
     # its half of that stage before it issues its next scores (instead of waiting for both).
     "EARLY_RELEASE": 0,
+    # "seesaw" only: group 1 multiplies group 0's P before its own, so that a pair's first
+    # stage is free in its middle and the next block loads under the pair's second half.
+    "STAGE_ORDER": 0,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -216,8 +219,11 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         kernel = _gk._verify_stage1_alt
     elif not fp8 and c["SCHEDULE"] == "seesaw":
         kernel = _gk._verify_stage1_seesaw
-    extra = ({"QK_FIRST": bool(c["QK_FIRST"]), "EARLY_RELEASE": bool(c["EARLY_RELEASE"])}
-             if kernel is _gk._verify_stage1_alt else {})
+    extra = {}
+    if kernel is _gk._verify_stage1_alt:
+        extra = {"QK_FIRST": bool(c["QK_FIRST"]), "EARLY_RELEASE": bool(c["EARLY_RELEASE"])}
+    elif kernel is _gk._verify_stage1_seesaw:
+        extra = {"STAGE_ORDER": bool(c["STAGE_ORDER"])}
     filler_regs = c["CONVERTER_REGS"] if fp8 and kernel is _gk._verify_stage1_alt else c["PRODUCER_REGS"]
     launch(kernel, grid,
         q_desc, k_desc, exp2_scale(sm_scale), req_to_token, seq_lens,
