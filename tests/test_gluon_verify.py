@@ -36,8 +36,8 @@ SMEM_LIMIT = 232448  # bytes of shared memory one CTA may have on sm_90 (227 KB)
 FP8 = torch.float8_e4m3fn
 
 # The Gluon configs of the sm_90 table (each rule's stage-1 keys over the family's defaults);
-# the schedules (alt, alt with QK_FIRST, seesaw with and without STAGE_ORDER, redundant; fp8: alt
-# with EARLY_RELEASE and redundant) are all compiled for each.
+# the schedules (alt, alt with QK_FIRST, seesaw with STAGE_PRODUCERS, with and without
+# STAGE_ORDER, redundant; fp8: alt with EARLY_RELEASE and redundant) are all compiled for each.
 def _table_configs() -> dict:
     from mla_ops import tuning
 
@@ -47,7 +47,7 @@ def _table_configs() -> dict:
             cfg = {**gla.GLUON_DEFAULT_CONFIG,
                    **{k: v for k, v in rule["config"].items() if k in gla.GLUON_DEFAULT_CONFIG}}
             key = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("SCHEDULE", "QK_FIRST", "EARLY_RELEASE",
-                                                                                 "STAGE_ORDER")))
+                                                                                 "STAGE_ORDER", "STAGE_PRODUCERS")))
             out.setdefault(key, (f"rule{i}", cfg))
     return dict(out.values())
 
@@ -108,14 +108,16 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         sig.update(Qo_Indptr="*i32", Tree_Mask="*i64", num_rows="i32")
         constexprs.update(VARLEN=True, HAS_TREE=True)
     fn = {"alt": gk._verify_stage1_alt, "alt-qkfirst": gk._verify_stage1_alt, "alt-early": gk._verify_stage1_alt,
-          "seesaw": gk._verify_stage1_seesaw, "seesaw-stage": gk._verify_stage1_seesaw}.get(schedule,
-                                                                                     gk._verify_stage1_ws)
+          "seesaw": gk._verify_stage1_seesaw}.get("seesaw" if schedule.startswith("seesaw") else schedule,
+                                                  gk._verify_stage1_ws)
     if schedule == "alt-qkfirst":
         constexprs["QK_FIRST"] = True
     if schedule == "alt-early":
         constexprs["EARLY_RELEASE"] = True
-    if schedule == "seesaw-stage":
+    if schedule.startswith("seesaw-stage"):
         constexprs["STAGE_ORDER"] = True
+    if schedule.endswith("-prod"):
+        constexprs["STAGE_PRODUCERS"] = True
     return compile_sm90a(fn, sig, constexprs, cfg["num_warps"])
 
 
@@ -131,7 +133,7 @@ VARIANTS = [(name, h, sched, fp8, single, False, False) for name in sorted(PROPO
 VARIANTS += [(name, 16, "redundant", True, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
 VARIANTS += [(name, 128, "alt-qkfirst", False, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
 VARIANTS += [(name, h, sched, False, single, False, False) for name in sorted(PROPOSED_CONFIGS)
-             for sched in ("seesaw", "seesaw-stage") for h, single in ((16, False), (128, True))]
+             for sched in ("seesaw-prod", "seesaw-stage-prod") for h, single in ((16, False), (128, True))]
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, False, True, False)
              for h, sched, fp8 in ((16, "alt", False), (16, "alt-early", True), (128, "alt-qkfirst", False),
                                    (128, "seesaw", False))]
@@ -147,7 +149,7 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "seesaw", False, False, False, Tr
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
 # constexpr branch of the code compiles, in half the time of the full list.
 BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early", True, 128), ("redundant", True, 16),
-              ("alt-qkfirst", False, 128), ("seesaw", False, 128), ("seesaw-stage", False, 16)}
+              ("alt-qkfirst", False, 128), ("seesaw-prod", False, 128), ("seesaw-stage-prod", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -184,7 +186,8 @@ def offline_reports(tmp_path_factory):
 # Spill bytes ptxas reports per kernel: scalars spilled once outside the block loop (checked
 # in the SASS when these limits were set); the redundant bf16 kernel spills nothing.
 MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32, ("alt-qkfirst", False): 32,
-             ("seesaw", False): 48, ("seesaw-stage", False): 120, ("alt-early", True): 80}
+             ("seesaw", False): 48, ("seesaw-prod", False): 48, ("seesaw-stage-prod", False): 120,
+             ("alt-early", True): 80}
 # (alt-early fp8, the converter partition's kernel: H16 60 bytes, H128 one split 72; in the SASS
 # of H128 the first group and the converter reload nothing inside their loops, the second group
 # about six words per block.)
@@ -379,6 +382,8 @@ GPU_CASES = [
 SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_FIRST": 1},
              "alt-early": {"SCHEDULE": "alt", "EARLY_RELEASE": 1},
              "seesaw": {"SCHEDULE": "seesaw"}, "seesaw-stage": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1},
+             "seesaw-prod": {"SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1},
+             "seesaw-stage-prod": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1, "STAGE_PRODUCERS": 1},
              "redundant": {"SCHEDULE": "redundant"}}
 
 
@@ -400,8 +405,10 @@ def test_gluon_matches_reference(case, schedule):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("fp8,schedule", [(False, "alt"), (False, "seesaw"), (False, "seesaw-stage"),
+                                          (False, "seesaw-prod"), (False, "seesaw-stage-prod"),
                                           (True, "redundant"), (True, "alt-early")],
-                         ids=["bf16-alt", "bf16-seesaw", "bf16-seesaw-stage", "fp8-redundant", "fp8-alt-early"])
+                         ids=["bf16-alt", "bf16-seesaw", "bf16-seesaw-stage", "bf16-seesaw-prod",
+                              "bf16-seesaw-stage-prod", "fp8-redundant", "fp8-alt-early"])
 def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule])
 

@@ -1228,29 +1228,54 @@ def _verify_stage1_alt(
 
 
 @gluon.jit
+def _seesaw_block(k, STAGE: gl.constexpr, N_PROD: gl.constexpr):
+    """The block a seesaw producer fills in its k-th step: every block with one producer; with
+    two, producer 0 blocks 0, 1, 2, 4, 6, ... (both first blocks, after Q, in the order the
+    consumers need them) and producer 1 blocks 3, 5, 7, ... (stage 1's refills)."""
+    if N_PROD == 1:
+        return k
+    elif STAGE == 0:
+        return k + gl.maximum(k - 2, 0)
+    else:
+        return 2 * k + 3
+
+
+@gluon.jit
 def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                      kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                      MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                      CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                     VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr):
-    """1 warp: Q as in ``_producer_alt``, then each block into stage ``i % 2`` by parts (rope,
-    then the V halves in the order they are released: the owner's half first, or with
-    STAGE_ORDER the left half, then the right), each as soon as its ``empty`` barrier passes."""
+                     VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr,
+                     STAGE: gl.constexpr, N_PROD: gl.constexpr):
+    """1 warp: Q as in ``_producer_alt`` (producer 0), then each block into stage ``i % 2`` by
+    parts (rope, then the V halves in the order they are released: the owner's half first, or
+    with STAGE_ORDER the left half, then the right), each as soon as its ``empty`` barrier
+    passes. N_PROD 2: this warp refills only stage STAGE (``_seesaw_block``), so that one
+    stage's late part does not hold back the other stage's refill."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
-    _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
+    if STAGE == 0:
+        _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
     req_row = pid_b.to(gl.int64) * stride_req_b
-    page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
+    if N_PROD == 1:
+        n_mine = n_blocks
+    elif STAGE == 0:
+        n_mine = gl.minimum(n_blocks, 2) + gl.maximum(n_blocks - 1, 0) // 2
+    else:
+        n_mine = gl.maximum(n_blocks - 2, 0) // 2
+    page = gl.load(Req_to_Token + req_row + (split_start + _seesaw_block(0, STAGE, N_PROD) * BLOCK_N) // page_size,
+                   mask=n_mine > 0, other=0)
     HALF: gl.constexpr = (N_DT - 1) // 2  # tiles per V half (4); the rope tile is the last
-    for i in range(n_blocks):
+    for k in range(n_mine):
+        i = _seesaw_block(k, STAGE, N_PROD)
         s = i % 2
         ph = ((i // 2) & 1) ^ 1
         start = split_start + i * BLOCK_N
-        page_next = gl.load(Req_to_Token + req_row + (start + BLOCK_N) // page_size,
-                            mask=i + 1 < n_blocks, other=0)
+        page_next = gl.load(Req_to_Token + req_row + (split_start + _seesaw_block(k + 1, STAGE, N_PROD) * BLOCK_N)
+                            // page_size, mask=k + 1 < n_mine, other=0)
         tok = start % page_size
         mbarrier.wait(empty.index(3 * s + 2), ph)
         bar = ready.index(3 * s + 2)
@@ -1490,11 +1515,12 @@ def _verify_stage1_seesaw(
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
-    HAS_TREE: gl.constexpr = False, STAGE_ORDER: gl.constexpr = False,
+    HAS_TREE: gl.constexpr = False, STAGE_ORDER: gl.constexpr = False, STAGE_PRODUCERS: gl.constexpr = False,
 ):
     """Stage 1 with the seesaw schedule (bf16 caches only; same arguments as
     ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2; STAGE_ORDER: see
-    ``_consumer_seesaw``). Shared memory as in ``_verify_stage1_alt``."""
+    ``_consumer_seesaw``; STAGE_PRODUCERS: a producer warp per ring stage, see
+    ``_producer_seesaw``). Shared memory as in ``_verify_stage1_alt``."""
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
@@ -1524,18 +1550,38 @@ def _verify_stage1_seesaw(
               Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
               page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
               stride_mid_h, stride_mid_s)
-    gl.warp_specialize([
-        (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                            STAGE_ORDER)),
-        (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                            STAGE_ORDER)),
-        (_producer_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
-                            Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                            kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
-                            CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # (the partitions' argument tuples are written out: a tuple bound to a name loses its None
+    # members in 3.6)
+    if STAGE_PRODUCERS:
+        gl.warp_specialize([
+            (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
+                                STAGE_ORDER)),
+            (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
+                                STAGE_ORDER)),
+            (_producer_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
+                                Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                                kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
+                                CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER, 0, 2)),
+            (_producer_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
+                                Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                                kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
+                                CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER, 1, 2)),
+        ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
+                                STAGE_ORDER)),
+            (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
+                                STAGE_ORDER)),
+            (_producer_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
+                                Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                                kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
+                                CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER, 0, 1)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)
     for i in gl.static_range(6):

@@ -82,6 +82,9 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # "seesaw" only: group 1 multiplies group 0's P before its own, so that a pair's first
     # stage is free in its middle and the next block loads under the pair's second half.
     "STAGE_ORDER": 0,
+    # "seesaw" only: one producer warp per ring stage (in the producer warpgroup's idle padding),
+    # so that a part released late in one stage does not hold back the other stage's refill.
+    "STAGE_PRODUCERS": 0,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -223,7 +226,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     if kernel is _gk._verify_stage1_alt:
         extra = {"QK_FIRST": bool(c["QK_FIRST"]), "EARLY_RELEASE": bool(c["EARLY_RELEASE"])}
     elif kernel is _gk._verify_stage1_seesaw:
-        extra = {"STAGE_ORDER": bool(c["STAGE_ORDER"])}
+        extra = {"STAGE_ORDER": bool(c["STAGE_ORDER"]), "STAGE_PRODUCERS": bool(c["STAGE_PRODUCERS"])}
     filler_regs = c["CONVERTER_REGS"] if fp8 and kernel is _gk._verify_stage1_alt else c["PRODUCER_REGS"]
     launch(kernel, grid,
         q_desc, k_desc, exp2_scale(sm_scale), req_to_token, seq_lens,
