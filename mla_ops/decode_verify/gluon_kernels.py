@@ -1550,8 +1550,9 @@ def _verify_stage1_seesaw(
               Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
               page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
               stride_mid_h, stride_mid_s)
-    # (the partitions' argument tuples are written out: a tuple bound to a name loses its None
-    # members in 3.6)
+    # (the partitions' argument tuples are written out in both branches: bound to a name, a tuple
+    # does not keep its None members as None in 3.6, and the kernel without ragged rows then
+    # compiles their code)
     if STAGE_PRODUCERS:
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
