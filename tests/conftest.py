@@ -29,6 +29,61 @@ if not _HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _patch_lang_once_per_launch():
+    """Speed up Triton's interpreter (CPU runs) without changing what it computes.
+
+    The interpreter patches ``triton.language`` for a launch (``_patch_lang``, undone by the
+    returned scope at the launch's end) and then again at every call of a ``@triton.jit``
+    helper inside it, program after program. Those repeated patches find the language already
+    patched and change nothing, but each one walks the modules' members (``inspect.getmembers``):
+    a third of a stage-2-heavy test's time. This keeps the first patch of a launch and skips a
+    helper's when the same language modules are already patched by it; a helper that sees
+    other modules is patched as before, and the launch's end clears the record. Triton 3.6 to
+    3.9 have the same two call sites; on a triton without them this does nothing."""
+    import inspect
+
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover
+        return
+    orig, scope_cls = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "_LangPatchScope", None)
+    if orig is None or scope_cls is None or getattr(orig, "once_per_launch", False):
+        return
+    state = {"launch": None, "patched": set()}
+    keys = {}  # id of a function's globals -> the language modules among them
+
+    def _patch_lang(fn):
+        key = keys.get(id(fn.__globals__))
+        if key is None:
+            key = keys[id(fn.__globals__)] = frozenset(
+                id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        if state["launch"] is not None and key in state["patched"]:
+            return scope_cls()  # nothing to undo: nothing was changed
+        scope = orig(fn)
+        if state["launch"] is None:  # the launch's own patch: its restore ends the launch
+            state["launch"] = scope
+            restore = scope.restore
+
+            def _restore():
+                try:
+                    restore()
+                finally:
+                    state["launch"] = None
+                    state["patched"].clear()
+
+            scope.restore = _restore
+        state["patched"].add(key)
+        return scope
+
+    _patch_lang.once_per_launch = True
+    interpreter._patch_lang = _patch_lang
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_lang_once_per_launch()
+
+
 SEED_ENV = "MLA_OPS_TEST_SEED"
 _ORDER_SEED = pytest.StashKey[int | None]()
 
