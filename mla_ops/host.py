@@ -13,6 +13,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import threading
 from typing import Callable
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from .platform import interpreter_enabled, interpreter_problem
 
 __all__ = ["cdiv", "next_power_of_2", "device_guard", "cache_geometry", "cache_bounds",
-           "public_launcher"]
+           "public_launcher", "made_outside_graph_pools"]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -149,3 +150,32 @@ def public_launcher(op: str, reference: str, *, launches: bool = True
         return call
 
     return wrap
+
+
+def made_outside_graph_pools(make: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
+    """``make()``, for a CUDA device on a helper thread: a tensor a launcher keeps beyond the
+    call (a default scale per device) must not come from a CUDA graph's private memory pool.
+    torch.compile's CUDA graph trees route every allocation of the thread that warms up or
+    records a graph into that pool (``_cuda_beginAllocateCurrentThreadToPool``); a kept tensor
+    made there is an untracked live allocation ("Detected 1 tensor(s) in the cudagraph pool
+    not tracked as outputs") whose memory a later replay may reuse. The helper thread allocates
+    from the default pool and waits for its stream before the tensor is handed over."""
+    if device.type != "cuda":
+        return make()
+    out: list = []
+
+    def run() -> None:
+        try:
+            with torch.cuda.device(device):
+                t = make()
+                torch.cuda.current_stream(device).synchronize()
+            out.append(t)
+        except BaseException as e:  # handed to the caller's thread
+            out.append(e)
+
+    worker = threading.Thread(target=run, name="mla_ops-alloc")
+    worker.start()
+    worker.join()
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]

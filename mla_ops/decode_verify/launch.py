@@ -23,8 +23,8 @@ except ImportError:
 from .. import checked, platform, spec
 from ..fastpath import launch, persistent, recorded
 from ..gluon_support import select_family
-from ..host import (cache_bounds, cache_geometry, cdiv, device_guard, next_power_of_2,
-                    public_launcher)
+from ..host import (cache_bounds, cache_geometry, cdiv, device_guard, made_outside_graph_pools,
+                    next_power_of_2, public_launcher)
 from ..numerics import FP8_DTYPES, exp2_scale
 from . import kernels
 from .configs import HIP_LAUNCH_KEYS, select_verify_config, verify_facts
@@ -44,7 +44,8 @@ __all__ = [
 
 _CHECK = spec.python_checks()
 
-# One fp32 1.0 per device: the k_scale of caches that need none. Made outside any capture.
+# One fp32 1.0 per device: the k_scale of caches that need none. Made outside any capture and
+# outside any CUDA graph's memory pool (a first call may run in torch.compile's graph warm-up).
 _UNIT_SCALE: dict[torch.device, torch.Tensor] = {}
 
 
@@ -57,7 +58,8 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
                 "k_scale: the default k_scale is created on first use and cannot be made during "
                 "a graph capture; run warmup_decode_attention_fwd_verify (or one eager call) "
                 "before capturing, or pass k_scale")
-        t = persistent(torch.ones((), dtype=torch.float32, device=device))
+        t = persistent(made_outside_graph_pools(
+            lambda: torch.ones((), dtype=torch.float32, device=device), device))
         _UNIT_SCALE[device] = t
     return t
 
