@@ -37,7 +37,8 @@ FP8 = torch.float8_e4m3fn
 
 # The Gluon configs of the sm_90 table (each rule's stage-1 keys over the family's defaults);
 # the schedules (alt, alt with QK_FIRST, seesaw with STAGE_PRODUCERS, with and without
-# STAGE_ORDER, redundant; fp8: alt with EARLY_RELEASE and redundant) are all compiled for each.
+# STAGE_ORDER, redundant; fp8: alt with EARLY_RELEASE and redundant) are all compiled for each
+# (the seesaw's fp8 forms once each, below).
 def _table_configs() -> dict:
     from mla_ops import tuning
 
@@ -72,7 +73,8 @@ def _is_hopper() -> bool:
 
 def _filler_regs(cfg: dict, schedule: str, fp8: bool) -> int:
     """Registers of the partition that fills the ring: the producer warp, or the converter
-    warps of an fp8 cache on the alt schedule (as ``launch_verify_stage1_gluon`` picks them)."""
+    warps of an fp8 cache on the alt schedule (as ``launch_verify_stage1_gluon`` picks them;
+    the seesaw's converter warps run in the producer's registers)."""
     return cfg["CONVERTER_REGS"] if fp8 and schedule.startswith("alt") else cfg["PRODUCER_REGS"]
 
 
@@ -134,6 +136,10 @@ VARIANTS += [(name, 16, "redundant", True, False, False, False) for name in sort
 VARIANTS += [(name, 128, "alt-qkfirst", False, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
 VARIANTS += [(name, h, sched, False, single, False, False) for name in sorted(PROPOSED_CONFIGS)
              for sched in ("seesaw-prod", "seesaw-stage-prod") for h, single in ((16, False), (128, True))]
+# fp8 on the seesaw (converter warps in the producer's place: 4, or 2 per stage), once each form.
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, True, single, False, False)
+             for h, sched, single in ((16, "seesaw", False), (128, "seesaw-prod", True),
+                                      (16, "seesaw-stage-prod", False))]
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, False, True, False)
              for h, sched, fp8 in ((16, "alt", False), (16, "alt-early", True), (128, "alt-qkfirst", False),
                                    (128, "seesaw", False))]
@@ -149,7 +155,8 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "seesaw", False, False, False, Tr
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
 # constexpr branch of the code compiles, in half the time of the full list.
 BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early", True, 128), ("redundant", True, 16),
-              ("alt-qkfirst", False, 128), ("seesaw-prod", False, 128), ("seesaw-stage-prod", False, 16)}
+              ("alt-qkfirst", False, 128), ("seesaw-prod", False, 128), ("seesaw-stage-prod", False, 16),
+              ("seesaw-prod", True, 128)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -187,13 +194,17 @@ def offline_reports(tmp_path_factory):
 # in the SASS when these limits were set); the redundant bf16 kernel spills nothing.
 MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32, ("alt-qkfirst", False): 32,
              ("seesaw", False): 48, ("seesaw-prod", False): 48, ("seesaw-stage-prod", False): 120,
-             ("alt-early", True): 80}
+             ("alt-early", True): 80, ("seesaw", True): 56, ("seesaw-prod", True): 40,
+             ("seesaw-stage-prod", True): 104}
 # (alt-early fp8, the converter partition's kernel: H16 60 bytes, H128 one split 72; in the SASS
 # of H128 the first group and the converter reload nothing inside their loops, the second group
 # about six words per block.)
 # (seesaw: H16 8 bytes, H128 one split 44: scalars stored before the pair loop; group 1 reloads
 # three of them per block pair, read in the SASS. With STAGE_ORDER group 1 keeps its P beside O
-# over the other group's P.V: H16 76 bytes, H128 116; it reloads about ten words per pair.)
+# over the other group's P.V: H16 76 bytes, H128 116; it reloads about ten words per pair.
+# fp8 on the seesaw: H16 52 bytes, H128 one split 48 (the 4-warp converter 5 stores, 9 loads in
+# its SASS; the first consumer group keeps 248 registers as for bf16 and spills about nothing);
+# 2 converter warps per stage: 32 / 32, with STAGE_ORDER 100 / 88.)
 # A context-parallel rank's kernel keeps a few more scalars (rank, local lengths): alt H16 spills
 # 40 bytes, stored before each group's block loop and reloaded after it (read in the SASS).
 CP_EXTRA_SPILL = 16
@@ -393,8 +404,6 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
 def test_gluon_matches_reference(case, schedule):
     _, B, H, qlen, lens, page, fp8, layout, real, caps = case
-    if fp8 and schedule.startswith("seesaw"):
-        pytest.skip("an fp8 cache on the seesaw runs the redundant kernel")
     c = make_case(B, H, qlen, None, page, fp8=fp8, layout=layout, real=real, lens=lens, seed=B + qlen)
     for splits in caps:
         o, lse = gluon_verify(c, splits, SCHEDULES[schedule])
@@ -406,9 +415,11 @@ def test_gluon_matches_reference(case, schedule):
 @needs_hopper
 @pytest.mark.parametrize("fp8,schedule", [(False, "alt"), (False, "seesaw"), (False, "seesaw-stage"),
                                           (False, "seesaw-prod"), (False, "seesaw-stage-prod"),
-                                          (True, "redundant"), (True, "alt-early")],
+                                          (True, "redundant"), (True, "alt-early"), (True, "seesaw"),
+                                          (True, "seesaw-prod"), (True, "seesaw-stage-prod")],
                          ids=["bf16-alt", "bf16-seesaw", "bf16-seesaw-stage", "bf16-seesaw-prod",
-                              "bf16-seesaw-stage-prod", "fp8-redundant", "fp8-alt-early"])
+                              "bf16-seesaw-stage-prod", "fp8-redundant", "fp8-alt-early", "fp8-seesaw",
+                              "fp8-seesaw-prod", "fp8-seesaw-stage-prod"])
 def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule])
 

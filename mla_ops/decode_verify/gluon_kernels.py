@@ -21,11 +21,12 @@ page stride), each block as 9 column tiles ``[BLOCK_N, 64]`` into a 2-stage ring
   factor through shared memory; both groups then add their half of ``P V``. See the comment
   above ``_producer_alt``. With an fp8 cache a 4-warp converter partition replaces the
   producer warp (the comment above ``_converter_pair``).
-- ``_verify_stage1_seesaw`` (bf16 caches, where the sm_90 table picks it): FlashMLA's order
-  over block pairs: block b's softmax by group 0, b + 1's by group 1, only the running row max
-  between the two softmaxes, each group's own P from registers and the other's (rescaled into
-  the pair's last frame) from shared memory, ring parts refilled at their last reader. See
-  the comment above ``_producer_seesaw``.
+- ``_verify_stage1_seesaw`` (bf16 caches where the sm_90 table picks it; fp8 as a config):
+  FlashMLA's order over block pairs: block b's softmax by group 0, b + 1's by group 1, only
+  the running row max between the two softmaxes, each group's own P from registers and the
+  other's (rescaled into the pair's last frame) from shared memory, ring parts refilled at
+  their last reader. See the comment above ``_producer_seesaw``. With an fp8 cache converter
+  warps fill the ring as for alt, by the seesaw's parts (``_converter_seesaw``).
 - ``_verify_stage1_ws`` ("redundant"): each group computes the scores of every block itself
   (the same wgmmas: 53% of the FLOPs done twice), the online softmax in registers and its half
   of ``P V`` with P from registers; the groups never wait for each other.
@@ -702,49 +703,84 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
 
 
 @gluon.jit
-def _fp8_tile(kv_smem, s, c, HALF0: gl.constexpr, k_desc, BLOCK_N: gl.constexpr):
-    """The fp8 staging tile of column tile ``c`` of stage ``s``: the fp16 ring ``kv_smem`` seen
-    as fp8 tiles of 4 KB (two per fp16 tile), part 0 (tiles < HALF0) staged from 16 KB into the
-    stage, part 1 from 52 KB (each part's fp8 bytes at its upper end)."""
+def _fp8_tile(kv_smem, g0, C: gl.constexpr, c, k_desc, BLOCK_N: gl.constexpr):
+    """The fp8 staging tile of column tile ``c`` of a ring part of ``C`` fp16 tiles that starts
+    at ring tile ``g0`` (``stage * N_DT + first column tile``): the fp16 ring ``kv_smem`` seen
+    as fp8 tiles of 4 KB (two per fp16 tile), the part's fp8 tiles at its upper end."""
     N_DT: gl.constexpr = kv_smem.shape[0] // 2
     ring8 = kv_smem.reinterpret(k_desc.dtype, [4 * N_DT, 1, BLOCK_N, _DT], k_desc.layout)
-    if c < HALF0:
-        return ring8.index(2 * N_DT * s + HALF0 + c)
-    else:
-        return ring8.index(2 * N_DT * s + N_DT + c)
+    return ring8.index(2 * g0 + C + c)
 
 
 @gluon.jit
-def _dequant_part(kv_smem, s, c0: gl.constexpr, c1: gl.constexpr, HALF0: gl.constexpr, k_desc,
-                  BLOCK_N: gl.constexpr):
-    """Column tiles ``c0 .. c1 - 1`` of stage ``s``: fp8 staging -> fp16 ring tile, in order."""
+def _dequant_part(kv_smem, s, t0, C: gl.constexpr, k_desc, BLOCK_N: gl.constexpr):
+    """Column tiles ``t0 .. t0 + C - 1`` of stage ``s``: fp8 staging -> fp16 ring tile, in order
+    (by the partition's warps)."""
     N_DT: gl.constexpr = kv_smem.shape[0] // 2
-    CV_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 B of fp8 per load
+    CV_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [gl.num_warps(), 1], [1, 0])  # 16 B of fp8 per load
+    g0 = s * N_DT + t0
     # Two tiles per step: their loads overlap. Every thread of the partition has read a step's
     # fp8 bytes before any writes the fp16 tiles over them (the step's fp16 bytes cover fp8
     # bytes of this step and of earlier ones), and has written a step before any reads the next.
-    for c in gl.static_range(c0, c1, 2):
-        if c > c0:
+    for c in gl.static_range(0, C, 2):
+        if c > 0:
             _barrier()
-        y0 = _fp8_tile(kv_smem, s, c, HALF0, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L).to(gl.float16)
-        if c + 1 < c1:
-            x1 = _fp8_tile(kv_smem, s, c + 1, HALF0, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
+        y0 = _fp8_tile(kv_smem, g0, C, c, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L).to(gl.float16)
+        if c + 1 < C:
+            x1 = _fp8_tile(kv_smem, g0, C, c + 1, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
             y1 = x1.to(gl.float16)
             _barrier()
-            kv_smem.index(s * N_DT + c).reshape([BLOCK_N, _DT]).store(y0)
-            kv_smem.index(s * N_DT + c + 1).reshape([BLOCK_N, _DT]).store(y1)
+            kv_smem.index(g0 + c).reshape([BLOCK_N, _DT]).store(y0)
+            kv_smem.index(g0 + c + 1).reshape([BLOCK_N, _DT]).store(y1)
         else:
             _barrier()
-            kv_smem.index(s * N_DT + c).reshape([BLOCK_N, _DT]).store(y0)
+            kv_smem.index(g0 + c).reshape([BLOCK_N, _DT]).store(y0)
+
+
+@gluon.jit
+def _dequant_rows(kv_smem, s, t0, C: gl.constexpr, k_desc, BLOCK_N: gl.constexpr):
+    """``_dequant_part`` in units of 16 rows per warp (a 4-warp partition: a tile per unit, 2
+    warps: half a tile), each thread holding its 32 fp8 values of a unit, not their fp16, over
+    the unit's partition barrier: a partition of 24 registers per thread runs it. In order, the
+    fp16 rows of a unit cover only fp8 bytes read in this unit or an earlier one (a part's fp8
+    tiles lie at its upper end), so one barrier per unit, between its loads and its stores,
+    suffices. (Fewer, only where a unit's stores cover fp8 bytes, compile to the same SASS:
+    the compiler puts a barrier between a load and a store of the same shared buffer.)"""
+    N_DT: gl.constexpr = kv_smem.shape[0] // 2
+    NW: gl.constexpr = gl.num_warps()
+    ROWS: gl.constexpr = 16 * NW
+    CV_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])  # 16 B of fp8 per load
+    g0 = s * N_DT + t0
+    for c in gl.static_range(C):
+        for r in gl.static_range(0, BLOCK_N, ROWS):
+            x = _fp8_tile(kv_smem, g0, C, c, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).slice(r, ROWS).load(CV_L)
+            _barrier()
+            kv_smem.index(g0 + c).reshape([BLOCK_N, _DT]).slice(r, ROWS).store(x.to(gl.float16))
 
 
 @gluon.jit
 def _q_to_fp16(t):
     """A ``[64, 64]`` Q tile holding bf16 bits -> fp16 in place, clamped to fp16's range (an
-    out-of-range q saturates instead of turning the scores into inf / NaN)."""
-    QT_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    x = t.reinterpret(gl.bfloat16, t.shape, t.layout).load(QT_L).to(gl.float32)
-    t.store(gl.minimum(gl.maximum(x, -65504.0), 65504.0).to(gl.float16))
+    out-of-range q saturates instead of turning the scores into inf / NaN); by 16 rows in a
+    partition of fewer than 4 warps (16 values per thread at a time)."""
+    NW: gl.constexpr = gl.num_warps()
+    QT_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+    ROWS: gl.constexpr = 64 if NW >= 4 else 8 * NW
+    for r in gl.static_range(0, 64, ROWS):
+        u = t.slice(r, ROWS) if ROWS < 64 else t
+        x = u.reinterpret(gl.bfloat16, u.shape, u.layout).load(QT_L).to(gl.float32)
+        u.store(gl.minimum(gl.maximum(x, -65504.0), 65504.0).to(gl.float16))
+
+
+@gluon.jit
+def _stage_part(k_desc, kv_smem, bar, s, t0, C: gl.constexpr, page, tok, BLOCK_N: gl.constexpr):
+    """TMA of column tiles ``t0 .. t0 + C - 1`` of the fp8 block at (``page``, ``tok``) into
+    their staging tiles of stage ``s``; ``bar`` counts the bytes."""
+    N_DT: gl.constexpr = kv_smem.shape[0] // 2
+    mbarrier.expect(bar, C * k_desc.block_type.nbytes)
+    for c in gl.static_range(C):
+        tma.async_load(k_desc, [page, tok, (t0 + c) * _DT], bar,
+                       _fp8_tile(kv_smem, s * N_DT + t0, C, c, k_desc, BLOCK_N))
 
 
 @gluon.jit
@@ -755,13 +791,9 @@ def _stage_half(k_desc, kv_smem, staged, s, h: gl.constexpr, page, tok, HALF0: g
     N_DT: gl.constexpr = kv_smem.shape[0] // 2
     bar = staged.index(2 * s + h)
     if h == 0:
-        mbarrier.expect(bar, HALF0 * k_desc.block_type.nbytes)
-        for c in gl.static_range(HALF0):
-            tma.async_load(k_desc, [page, tok, c * _DT], bar, _fp8_tile(kv_smem, s, c, HALF0, k_desc, BLOCK_N))
+        _stage_part(k_desc, kv_smem, bar, s, 0, HALF0, page, tok, BLOCK_N)
     else:
-        mbarrier.expect(bar, (N_DT - HALF0) * k_desc.block_type.nbytes)
-        for c in gl.static_range(HALF0, N_DT):
-            tma.async_load(k_desc, [page, tok, c * _DT], bar, _fp8_tile(kv_smem, s, c, HALF0, k_desc, BLOCK_N))
+        _stage_part(k_desc, kv_smem, bar, s, HALF0, N_DT - HALF0, page, tok, BLOCK_N)
 
 
 @gluon.jit
@@ -807,9 +839,9 @@ def _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, sta
             h = (s + hh) % 2
             mbarrier.wait(staged.index(2 * s + h), (i // 2) & 1)
             if h == 0:
-                _dequant_part(kv_smem, s, 0, HALF0, HALF0, k_desc, BLOCK_N)
+                _dequant_part(kv_smem, s, 0, HALF0, k_desc, BLOCK_N)
             else:
-                _dequant_part(kv_smem, s, HALF0, N_DT, HALF0, k_desc, BLOCK_N)
+                _dequant_part(kv_smem, s, HALF0, N_DT - HALF0, k_desc, BLOCK_N)
             fence_async_shared()
             mbarrier.arrive(ready.index(2 * s + h), count=1)
             if more:
@@ -1205,7 +1237,7 @@ def _verify_stage1_alt(
 
 
 # ---------------------------------------------------------------------------------------------
-# The seesaw schedule (bf16 caches), as FlashMLA's sm90 decode kernel runs it, over block pairs
+# The seesaw schedule, as FlashMLA's sm90 decode kernel runs it, over block pairs
 # (b, b + 1): block b (stage 0) is group 0's, b + 1 (stage 1) group 1's; group g owns O's
 # columns [256g, 256g + 256) and its row sums. Only the running row max crosses between the
 # two softmaxes (``sm_smem[g]`` through ``m_ready[g]``), published as soon as it is reduced:
@@ -1293,6 +1325,116 @@ def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, emp
 
 
 @gluon.jit
+def _converter_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                      kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                      MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
+                      CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
+                      VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr,
+                      STAGE: gl.constexpr, N_CONV: gl.constexpr):
+    """fp8 caches on the seesaw: the converter warps (``_converter_pair``'s staging and
+    dequantization, by the seesaw's three parts per stage: rope, then the V halves in the order
+    ``_producer_seesaw`` loads them). Converter 0 loads Q and turns it to fp16. N_CONV 1: one
+    partition fills both stages; it dequantizes block i whole before it requests block i + 1
+    (the releases of block i - 1 that the request waits for need block i's scores, all of its
+    parts). N_CONV 2: converter STAGE fills stage STAGE only (blocks STAGE, STAGE + 2, ...) and
+    requests block i + 2's parts as block i releases them; neither stage's refill waits behind
+    the other's."""
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+    HALF: gl.constexpr = (N_DT - 1) // 2  # tiles per V half (4); the rope tile is the last
+    req_row = pid_b.to(gl.int64) * stride_req_b
+    if STAGE == 0:
+        _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
+    # Both stages start free: the first block of each stage this partition fills is requested
+    # before Q converts.
+    for b in gl.static_range(STAGE, 2, N_CONV):
+        if b < n_blocks:
+            start = split_start + b * BLOCK_N
+            page = gl.load(Req_to_Token + req_row + start // page_size)
+            _stage_part(k_desc, kv_smem, staged.index(3 * b + 2), b, N_DT - 1, 1, page, start % page_size, BLOCK_N)
+            for hh in gl.static_range(2):
+                part = (b * (1 - STAGE_ORDER) + hh) % 2
+                _stage_part(k_desc, kv_smem, staged.index(3 * b + part), b, part * HALF, HALF, page,
+                            start % page_size, BLOCK_N)
+    if STAGE == 0:
+        if n_blocks > 0:
+            mbarrier.wait(q_bar, 0)
+            for c in gl.static_range(N_DT - 1):
+                _q_to_fp16(q_smem.index(c).reshape([_BM, _DT]))
+            _q_to_fp16(sp_smem.index(1))
+            fence_async_shared()
+            mbarrier.arrive(q_conv, count=1)
+    if N_CONV == 1:
+        n_mine = n_blocks
+    else:
+        n_mine = gl.maximum(n_blocks - STAGE + 1, 0) // 2
+    for k in range(n_mine):
+        i = N_CONV * k + STAGE
+        if N_CONV == 1:
+            s = i % 2
+        else:
+            s = STAGE
+        # Block i: its parts in the order they were requested, each handed over once dequantized.
+        mbarrier.wait(staged.index(3 * s + 2), (i // 2) & 1)
+        _dequant_rows(kv_smem, s, N_DT - 1, 1, k_desc, BLOCK_N)
+        fence_async_shared()
+        mbarrier.arrive(ready.index(3 * s + 2), count=1)
+        for hh in gl.static_range(2):
+            part = (s * (1 - STAGE_ORDER) + hh) % 2
+            mbarrier.wait(staged.index(3 * s + part), (i // 2) & 1)
+            _dequant_rows(kv_smem, s, part * HALF, HALF, k_desc, BLOCK_N)
+            fence_async_shared()
+            mbarrier.arrive(ready.index(3 * s + part), count=1)
+        # The next block of the stage(s) filled here: block i + 1 (N_CONV 1; blocks 0 and 1 were
+        # requested above) or i + 2, part by part as the block two back releases them.
+        j = i + N_CONV
+        more = (j < n_blocks) & (j >= 2)
+        if more:
+            if N_CONV == 1:
+                sj = 1 - s
+            else:
+                sj = s
+            ph = ((j // 2) & 1) ^ 1
+            startj = split_start + j * BLOCK_N
+            pagej = gl.load(Req_to_Token + req_row + startj // page_size)
+            mbarrier.wait(empty.index(3 * sj + 2), ph)
+            _stage_part(k_desc, kv_smem, staged.index(3 * sj + 2), sj, N_DT - 1, 1, pagej, startj % page_size,
+                        BLOCK_N)
+            for hh in gl.static_range(2):
+                part = (sj * (1 - STAGE_ORDER) + hh) % 2
+                mbarrier.wait(empty.index(3 * sj + part), ph)
+                _stage_part(k_desc, kv_smem, staged.index(3 * sj + part), sj, part * HALF, HALF, pagej,
+                            startj % page_size, BLOCK_N)
+
+
+@gluon.jit
+def _fill_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
+                 Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
+                 TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                 MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
+                 CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
+                 HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr, STAGE: gl.constexpr, N_FILL: gl.constexpr,
+                 KV_FP8: gl.constexpr):
+    """A partition that fills the seesaw's ring: converter warps for an fp8 cache, a producer
+    warp otherwise (``q_conv`` and ``staged`` are then unused); N_FILL of them, this one
+    filling stage STAGE (N_FILL 2) or both."""
+    if KV_FP8:
+        _converter_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                          Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+                          page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
+                          cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
+                          STAGE, N_FILL)
+    else:
+        _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
+                         Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
+                         TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
+                         CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER, STAGE, N_FILL)
+
+
+@gluon.jit
 def _seesaw_scores(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, zero, ph, qk, BLOCK_N: gl.constexpr,
                    N_DT: gl.constexpr, STAGE_ORDER: gl.constexpr):
     """Issue ``S = Q K^T`` of group WG's next block (stage WG) part by part, in the order the
@@ -1348,14 +1490,15 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                      CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows, VARLEN: gl.constexpr,
-                     HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr):
-    """Consumer group WG of the seesaw schedule (see above). ``shared``: the runtime arguments
+                     HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr, KV_FP8: gl.constexpr):
+    """Consumer group WG of the seesaw schedule (see above). KV_FP8: the ring holds the fp16
+    blocks the converter warps wrote; ``k_scale`` scales the scores and o. ``shared``: the runtime arguments
     both groups take (``_verify_stage1_seesaw`` builds it). STAGE_ORDER: group 1 multiplies
     the other group's P_b (stage 0) before its own P_{b+1}, so that stage 0 is free in the
     middle of the pair and block b + 2 loads under the pair's second half (without it, both
     stages are released at the end of the pair and group 0 waits for b + 2's right half)."""
     (q_smem, kv_smem, sp_smem, sm_smem, sl_smem, q_bar, ready, empty, m_ready, p_ready, p_free, l_bar, Seq_Lens,
-     Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size,
+     Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size,
      num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
      stride_mid_s) = shared
     MMA: gl.constexpr = _wgmma_layout(BLOCK_N)  # the scores, and O by 64 columns
@@ -1364,6 +1507,11 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     V_TILES: gl.constexpr = LV // _DT // 2
     V0: gl.constexpr = WG * V_TILES
+    if KV_FP8:
+        v_scale = gl.load(K_Scale)
+        qk_scale = qk_scale * v_scale  # scores of a dequantized cache: q . (k * k_scale)
+    else:
+        v_scale = 1.0
 
     (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
      marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
@@ -1497,7 +1645,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
 
     # l = my row sums + the other group's (both in the last block's frame).
     l_i = _pair_row_sums(WG, l_i, sl_smem, l_bar, ROW)
-    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_f, 1.0, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
+    _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_f, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                HEAD_BOX, LV, SINGLE, VARLEN, MMA)
 
@@ -1517,14 +1665,16 @@ def _verify_stage1_seesaw(
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
     HAS_TREE: gl.constexpr = False, STAGE_ORDER: gl.constexpr = False, STAGE_PRODUCERS: gl.constexpr = False,
 ):
-    """Stage 1 with the seesaw schedule (bf16 caches only; same arguments as
-    ``_verify_stage1_ws``, ``K_Scale`` unused, NUM_STAGES must be 2; STAGE_ORDER: see
-    ``_consumer_seesaw``; STAGE_PRODUCERS: a producer warp per ring stage, see
-    ``_producer_seesaw``). Shared memory as in ``_verify_stage1_alt``."""
+    """Stage 1 with the seesaw schedule (same arguments as ``_verify_stage1_ws``, NUM_STAGES
+    must be 2; STAGE_ORDER: see ``_consumer_seesaw``; STAGE_PRODUCERS: a filler partition per
+    ring stage, see ``_producer_seesaw`` and ``_converter_seesaw``). An fp8 cache runs converter
+    warps (4, or 2 per stage; PRODUCER_REGS registers) instead of the producer warp. Shared
+    memory as in ``_verify_stage1_alt``."""
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     gl.static_assert(N_DT == 9)
+    KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
     q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
     ROWS_L: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     sm_smem = gl.allocate_shared_memory(gl.float32, [2, _BM], ROWS_L)  # [group]: its last row max
@@ -1545,9 +1695,19 @@ def _verify_stage1_seesaw(
         mbarrier.init(m_ready.index(i), count=1)
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=1)
+    if KV_FP8:
+        q_conv = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # Q is fp16
+        staged = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())  # fp8 part landed
+        mbarrier.init(q_conv, count=1)
+        for i in gl.static_range(6):
+            mbarrier.init(staged.index(i), count=1)
+    else:
+        q_conv = q_bar
+        staged = ready  # (unused)
 
-    shared = (q_smem, kv_smem, sp_smem, sm_smem, sl_smem, q_bar, ready, empty, m_ready, p_ready, p_free, l_bar,
-              Seq_Lens, Real_Lens, O, Lse, Mid, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
+    # (the consumers' Q barrier: q_conv, which is q_bar for bf16)
+    shared = (q_smem, kv_smem, sp_smem, sm_smem, sl_smem, q_conv, ready, empty, m_ready, p_ready, p_free, l_bar,
+              Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
               page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
               stride_mid_h, stride_mid_s)
     # (the partitions' argument tuples are written out in both branches: bound to a name, a tuple
@@ -1557,32 +1717,35 @@ def _verify_stage1_seesaw(
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER)),
+                                STAGE_ORDER, KV_FP8)),
             (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER)),
-            (_producer_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
-                                Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                                kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
-                                CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER, 0, 2)),
-            (_producer_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
-                                Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                                kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
-                                CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER, 1, 2)),
-        ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+                                STAGE_ORDER, KV_FP8)),
+            (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                            Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+                            page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
+                            0, 2, KV_FP8)),
+            (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                            Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+                            page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
+                            1, 2, KV_FP8)),
+        ], [4, 2 if KV_FP8 else 1, 2 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER)),
+                                STAGE_ORDER, KV_FP8)),
             (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER)),
-            (_producer_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token,
-                                Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                                kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
-                                CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER, 0, 1)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+                                STAGE_ORDER, KV_FP8)),
+            (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                            Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+                            page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
+                            0, 1, KV_FP8)),
+        ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)
     for i in gl.static_range(6):
@@ -1592,3 +1755,7 @@ def _verify_stage1_seesaw(
         mbarrier.invalidate(m_ready.index(i))
         mbarrier.invalidate(p_ready.index(i))
         mbarrier.invalidate(p_free.index(i))
+    if KV_FP8:
+        mbarrier.invalidate(q_conv)
+        for i in gl.static_range(6):
+            mbarrier.invalidate(staged.index(i))

@@ -59,19 +59,21 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     "CONSUMER_REGS": 232,
     "PRODUCER_REGS": 24,
     # fp8 caches on the alt schedule: registers per thread of the 4-warp converter partition
-    # that replaces the producer warp (``_converter_pair``: one tile at a time); with 232 per
-    # consumer group the default partition keeps 232 of the 3 x 168.
+    # that replaces the producer warp (``_converter_pair``: two tiles at a time); with 232 per
+    # consumer group the default partition keeps 232 of the 3 x 168. (The seesaw's converter
+    # warps, ``_converter_seesaw``, convert 32 values per thread at a time in PRODUCER_REGS:
+    # its first group needs the 248 that leaves it.)
     "CONVERTER_REGS": 40,
     # warps of the default partition (the first consumer warpgroup); the kernel has 4 + 4 + 1
-    # (4 + 4 + 4 with the fp8 converter warps).
+    # (4 + 4 + 1 + 1 with STAGE_PRODUCERS; 4 + 4 + 4 with the fp8 converter warps).
     "num_warps": 4,
     # bf16 caches: "alt" (block j's scores and softmax by consumer group j % 2 only, P shared
     # through shared memory: gluon_kernels._verify_stage1_alt), "seesaw" (FlashMLA's order over
     # block pairs: only the row max between the two softmaxes, the owner's P from registers,
     # ring parts refilled at their last reader: _verify_stage1_seesaw) or "redundant" (both
     # groups compute every block's scores, no exchange: _verify_stage1_ws). fp8 caches: "alt"
-    # with converter warps that dequantize each block in its ring stage, "redundant" (the
-    # consumer groups dequantize into one fp16 tile); "seesaw" runs the redundant kernel.
+    # and "seesaw" with converter warps that dequantize each block in its ring stage,
+    # "redundant" (the consumer groups dequantize into one fp16 tile).
     "SCHEDULE": "alt",
     # "alt" only: a group issues the score wgmmas of its next block before it waits for the other
     # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
@@ -82,8 +84,9 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # "seesaw" only: group 1 multiplies group 0's P before its own, so that a pair's first
     # stage is free in its middle and the next block loads under the pair's second half.
     "STAGE_ORDER": 0,
-    # "seesaw" only: one producer warp per ring stage (in the producer warpgroup's idle padding),
-    # so that a part released late in one stage does not hold back the other stage's refill.
+    # "seesaw" only: one producer warp per ring stage (in the producer warpgroup's idle padding;
+    # fp8: 2 converter warps per stage), so that a part released late in one stage does not
+    # hold back the other stage's refill.
     "STAGE_PRODUCERS": 0,
 }
 
@@ -125,8 +128,7 @@ def gluon_unsupported_shape(device: torch.device, q_dtype: torch.dtype, kv_dtype
         return "NUM_STAGES must be >= 2"
     if c["SCHEDULE"] not in ("alt", "seesaw", "redundant"):
         return f"SCHEDULE {c['SCHEDULE']!r}: 'alt', 'seesaw' or 'redundant'"
-    pair = c["SCHEDULE"] == "alt" or (c["SCHEDULE"] == "seesaw" and kv_dtype == torch.bfloat16)
-    if pair and c["NUM_STAGES"] != 2:  # (an fp8 cache on the seesaw runs the redundant kernel)
+    if c["SCHEDULE"] in ("alt", "seesaw") and c["NUM_STAGES"] != 2:
         return f"SCHEDULE {c['SCHEDULE']!r} is written for NUM_STAGES 2"
     why = sm90_reason(device)
     if why:
@@ -220,13 +222,14 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     kernel = _gk._verify_stage1_ws
     if c["SCHEDULE"] == "alt":
         kernel = _gk._verify_stage1_alt
-    elif not fp8 and c["SCHEDULE"] == "seesaw":
+    elif c["SCHEDULE"] == "seesaw":
         kernel = _gk._verify_stage1_seesaw
     extra = {}
     if kernel is _gk._verify_stage1_alt:
         extra = {"QK_FIRST": bool(c["QK_FIRST"]), "EARLY_RELEASE": bool(c["EARLY_RELEASE"])}
     elif kernel is _gk._verify_stage1_seesaw:
         extra = {"STAGE_ORDER": bool(c["STAGE_ORDER"]), "STAGE_PRODUCERS": bool(c["STAGE_PRODUCERS"])}
+    # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
     filler_regs = c["CONVERTER_REGS"] if fp8 and kernel is _gk._verify_stage1_alt else c["PRODUCER_REGS"]
     launch(kernel, grid,
         q_desc, k_desc, exp2_scale(sm_scale), req_to_token, seq_lens,
