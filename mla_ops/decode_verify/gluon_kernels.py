@@ -1152,6 +1152,31 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, mark
                      mask=row_valid)
 
 
+@gluon.jit
+def _converter_barriers(q_bar, ready, N_PARTS: gl.constexpr, KV_FP8: gl.constexpr):
+    """The barriers of the converter warps (fp8 caches on the pair schedules): ``q_conv`` (Q
+    is fp16 now) and ``staged`` (the fp8 bytes of a ring part landed, one per part, as
+    ``ready``), initialized; for a bf16 cache ``q_bar`` and ``ready`` stand in (unused)."""
+    if KV_FP8:
+        q_conv = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        staged = gl.allocate_shared_memory(gl.int64, [N_PARTS, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_conv, count=1)
+        for i in gl.static_range(N_PARTS):
+            mbarrier.init(staged.index(i), count=1)
+    else:
+        q_conv = q_bar
+        staged = ready
+    return q_conv, staged
+
+
+@gluon.jit
+def _invalidate_converter_barriers(q_conv, staged, N_PARTS: gl.constexpr, KV_FP8: gl.constexpr):
+    if KV_FP8:
+        mbarrier.invalidate(q_conv)
+        for i in gl.static_range(N_PARTS):
+            mbarrier.invalidate(staged.index(i))
+
+
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                               "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
                               "page_size", "num_pages", "kv_capacity", "cp_rank", "num_rows"],
@@ -1194,15 +1219,7 @@ def _verify_stage1_alt(
     for i in gl.static_range(2):
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=2)
-    if KV_FP8:
-        q_conv = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # Q is fp16
-        staged = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # fp8 half landed
-        mbarrier.init(q_conv, count=1)
-        for i in gl.static_range(4):
-            mbarrier.init(staged.index(i), count=1)
-    else:
-        q_conv = q_bar
-        staged = ready  # (unused)
+    q_conv, staged = _converter_barriers(q_bar, ready, 4, KV_FP8)
 
     # The consumer groups' arguments as in _verify_stage1_ws: the runtime values both take in one
     # tuple, then the rest. (The consumers' Q barrier: q_conv, which is q_bar for bf16.)
@@ -1230,10 +1247,7 @@ def _verify_stage1_alt(
     for i in gl.static_range(2):
         mbarrier.invalidate(p_ready.index(i))
         mbarrier.invalidate(p_free.index(i))
-    if KV_FP8:
-        mbarrier.invalidate(q_conv)
-        for i in gl.static_range(4):
-            mbarrier.invalidate(staged.index(i))
+    _invalidate_converter_barriers(q_conv, staged, 4, KV_FP8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1695,21 +1709,13 @@ def _verify_stage1_seesaw(
         mbarrier.init(m_ready.index(i), count=1)
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=1)
-    if KV_FP8:
-        q_conv = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # Q is fp16
-        staged = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())  # fp8 part landed
-        mbarrier.init(q_conv, count=1)
-        for i in gl.static_range(6):
-            mbarrier.init(staged.index(i), count=1)
-    else:
-        q_conv = q_bar
-        staged = ready  # (unused)
+    q_conv, staged = _converter_barriers(q_bar, ready, 6, KV_FP8)
 
     # (the consumers' Q barrier: q_conv, which is q_bar for bf16)
     shared = (q_smem, kv_smem, sp_smem, sm_smem, sl_smem, q_conv, ready, empty, m_ready, p_ready, p_free, l_bar,
-              Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
-              page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
-              stride_mid_h, stride_mid_s)
+              Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token,
+              stride_req_b, page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh,
+              stride_mid_m, stride_mid_h, stride_mid_s)
     # (the partitions' argument tuples are written out in both branches: bound to a name, a tuple
     # does not keep its None members as None in 3.6, and the kernel without ragged rows then
     # compiles their code)
@@ -1755,7 +1761,4 @@ def _verify_stage1_seesaw(
         mbarrier.invalidate(m_ready.index(i))
         mbarrier.invalidate(p_ready.index(i))
         mbarrier.invalidate(p_free.index(i))
-    if KV_FP8:
-        mbarrier.invalidate(q_conv)
-        for i in gl.static_range(6):
-            mbarrier.invalidate(staged.index(i))
+    _invalidate_converter_barriers(q_conv, staged, 6, KV_FP8)
