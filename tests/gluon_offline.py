@@ -63,6 +63,7 @@ def ptxas_facts(kernel, report: str) -> dict:
         "shared": kernel.metadata.shared,
         "wgmma": "wgmma.mma_async" in ptx,
         "tma": "cp.async.bulk.tensor" in ptx,
+        "launch_dependents": "griddepcontrol.launch_dependents" in ptx,
         "setmaxnreg": sorted({int(v) for v in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}),
     }
 

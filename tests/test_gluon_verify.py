@@ -110,12 +110,14 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         sig.update(Qo_Indptr="*i32", Tree_Mask="*i64", num_rows="i32")
         constexprs.update(VARLEN=True, HAS_TREE=True)
     fn = {"alt": gk._verify_stage1_alt, "alt-qkfirst": gk._verify_stage1_alt, "alt-early": gk._verify_stage1_alt,
-          "seesaw": gk._verify_stage1_seesaw}.get("seesaw" if schedule.startswith("seesaw") else schedule,
+          "alt-pdl": gk._verify_stage1_alt, "seesaw": gk._verify_stage1_seesaw}.get("seesaw" if schedule.startswith("seesaw") else schedule,
                                                   gk._verify_stage1_ws)
     if schedule == "alt-qkfirst":
         constexprs["QK_FIRST"] = True
     if schedule == "alt-early":
         constexprs["EARLY_RELEASE"] = True
+    if schedule == "alt-pdl":  # stage 2 as a programmatic dependent (the config's PDL)
+        constexprs["LAUNCH_DEPENDENTS"] = True
     if schedule.startswith("seesaw-stage"):
         constexprs["STAGE_ORDER"] = True
     if schedule.endswith("-prod"):
@@ -134,6 +136,9 @@ VARIANTS = [(name, h, sched, fp8, single, False, False) for name in sorted(PROPO
             for h, single in ((16, False), (128, True))]
 VARIANTS += [(name, 16, "redundant", True, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
 VARIANTS += [(name, 128, "alt-qkfirst", False, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
+# The PDL trigger (one instruction at the CTA's start, gated by a constexpr shared by the three
+# kernels): once, where it matters (splits, so a stage 2 follows).
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "alt-pdl", False, False, False, False)]
 VARIANTS += [(name, h, sched, False, single, False, False) for name in sorted(PROPOSED_CONFIGS)
              for sched in ("seesaw-prod", "seesaw-stage-prod") for h, single in ((16, False), (128, True))]
 # fp8 on the seesaw (converter warps in the producer's place: 4, or 2 per stage), once each form.
@@ -156,7 +161,7 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "seesaw", False, False, False, Tr
 # constexpr branch of the code compiles, in half the time of the full list.
 BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early", True, 128), ("redundant", True, 16),
               ("alt-qkfirst", False, 128), ("seesaw-prod", False, 128), ("seesaw-stage-prod", False, 16),
-              ("seesaw-prod", True, 128)}
+              ("seesaw-prod", True, 128), ("alt-pdl", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -193,6 +198,7 @@ def offline_reports(tmp_path_factory):
 # Spill bytes ptxas reports per kernel: scalars spilled once outside the block loop (checked
 # in the SASS when these limits were set); the redundant bf16 kernel spills nothing.
 MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32, ("alt-qkfirst", False): 32,
+             ("alt-pdl", False): 32,
              ("seesaw", False): 48, ("seesaw-prod", False): 48, ("seesaw-stage-prod", False): 120,
              ("alt-early", True): 80, ("seesaw", True): 56, ("seesaw-prod", True): 40,
              ("seesaw-stage-prod", True): 104}
@@ -230,6 +236,8 @@ def test_offline_compile_sm90a(variant, offline_reports):
     cfg = PROPOSED_CONFIGS[name]
     r = offline_reports[tuple(variant)]
     assert r["wgmma"] and r["tma"], r
+    # The PDL trigger is in the kernel with LAUNCH_DEPENDENTS only (the others are unchanged).
+    assert r["launch_dependents"] == (schedule == "alt-pdl"), r
     if _GPU_CHECKED:
         # Serialized wgmmas and spills are facts of the compiler the GPU runs (triton 3.6): on
         # 3.9 the seesaw kernel's wgmmas are serialized for register pressure (C7512), but the
@@ -343,13 +351,16 @@ def gluon_verify(c, num_kv_splits, cfg=None, outs=None):
     k_scale = c["k_scale"] if c["k_scale"] is not None else torch.ones((), dtype=torch.float32, device=q.device)
     has_real = c["real"] is not None
     real = c["real"] if has_real else c["seq_lens"]
+    # PDL: stage 2 a programmatic dependent of stage 1, which lets it launch from its start.
+    pdl = bool(cfg.get("PDL")) and num_kv_splits > 1
     gla.launch_verify_stage1_gluon(q, c["k"], k_scale, c["table"], c["seq_lens"], real, has_real, o,
-                                   lse, mid, c["qlen"], num_kv_splits, SM_SCALE, c["page_size"], LV, cfg)
+                                   lse, mid, c["qlen"], num_kv_splits, SM_SCALE, c["page_size"], LV, cfg,
+                                   launch_dependents=pdl)
     if num_kv_splits > 1:  # the portable stage 2, as the launcher runs it after Gluon
         stage2 = {**cfg, "S2_BLOCK_S": 8, "S2_BLOCK_DV": 0, "s2_num_warps": 4}
         capacity = cache_bounds(c["k"], c["table"], c["page_size"])[1]
         launch._launch_stage2(stage2, mid, o, lse, c["seq_lens"], real, has_real,
-                              mid.stride()[:3], c["qlen"], heads, num_kv_splits, LV, None, False,
+                              mid.stride()[:3], c["qlen"], heads, num_kv_splits, LV, None, pdl,
                               capacity)
     return o, lse
 
@@ -395,7 +406,10 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "seesaw": {"SCHEDULE": "seesaw"}, "seesaw-stage": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1},
              "seesaw-prod": {"SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1},
              "seesaw-stage-prod": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1, "STAGE_PRODUCERS": 1},
-             "redundant": {"SCHEDULE": "redundant"}}
+             "redundant": {"SCHEDULE": "redundant"},
+             # stage 2 as stage 1's programmatic dependent, scheduled from stage 1's start
+             "alt-pdl": {"SCHEDULE": "alt", "PDL": 1}, "alt-early-pdl": {"SCHEDULE": "alt", "EARLY_RELEASE": 1, "PDL": 1},
+             "seesaw-prod-pdl": {"SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1, "PDL": 1}}
 
 
 @pytest.mark.gpu
@@ -416,10 +430,12 @@ def test_gluon_matches_reference(case, schedule):
 @pytest.mark.parametrize("fp8,schedule", [(False, "alt"), (False, "seesaw"), (False, "seesaw-stage"),
                                           (False, "seesaw-prod"), (False, "seesaw-stage-prod"),
                                           (True, "redundant"), (True, "alt-early"), (True, "seesaw"),
-                                          (True, "seesaw-prod"), (True, "seesaw-stage-prod")],
+                                          (True, "seesaw-prod"), (True, "seesaw-stage-prod"),
+                                          (False, "alt-pdl"), (False, "seesaw-prod-pdl"), (True, "alt-early-pdl")],
                          ids=["bf16-alt", "bf16-seesaw", "bf16-seesaw-stage", "bf16-seesaw-prod",
                               "bf16-seesaw-stage-prod", "fp8-redundant", "fp8-alt-early", "fp8-seesaw",
-                              "fp8-seesaw-prod", "fp8-seesaw-stage-prod"])
+                              "fp8-seesaw-prod", "fp8-seesaw-stage-prod", "bf16-alt-pdl", "bf16-seesaw-prod-pdl",
+                              "fp8-alt-early-pdl"])
 def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule])
 

@@ -567,8 +567,9 @@ def _gluon_why(device) -> str | None:
                                            "num_warps": 4, "num_stages": 2},
                                     {"family": "gluon"},
                                     {"family": "gluon", "SCHEDULE": "alt", "QK_FIRST": 1},
-                                    {"family": "gluon", "SCHEDULE": "redundant"}],
-                         ids=["table", "swap-h32", "gluon", "gluon-qkfirst", "gluon-redundant"])
+                                    {"family": "gluon", "SCHEDULE": "redundant"},
+                                    {"family": "gluon", "PDL": 1}],
+                         ids=["table", "swap-h32", "gluon", "gluon-qkfirst", "gluon-redundant", "gluon-pdl"])
 def test_gpu_kernel_cp_path_matches_reference(device, world, rank, interleave, qlen, heads, lens,
                                               real, splits, config):
     """A rank's partial over its shard, on the table's config and on each kernel family and

@@ -27,7 +27,8 @@ Config keys of the ``triton`` family (the portable kernels in ``kernels.py``):
   ``S2_BLOCK_DV``: columns of ``o`` per stage-2 program (0: all ``Lv``).
 - ``TMA``: K tiles by bulk tensor copies through host-built descriptors where they apply
   (``launch._tma_descriptors``), else the pointer path.
-- ``PDL``: stage 2 as a programmatic dependent launch of stage 1 (CUDA capability 9+).
+- ``PDL``: stage 2 as a programmatic dependent launch of stage 1 (CUDA capability 9+); both
+  families' stage 1 let it be scheduled from their start (``griddepcontrol.launch_dependents``).
 - ``PERSISTENT``: 0, or stage-1 programs per SM looping over the work.
 - HIP only: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack`` (launch kwargs).
 

@@ -189,6 +189,20 @@ def _first_row(row_base, qlen, VARLEN: gl.constexpr):
 
 
 @gluon.jit
+def _launch_dependents(LAUNCH_DEPENDENTS: gl.constexpr):
+    """With LAUNCH_DEPENDENTS, ``griddepcontrol.launch_dependents`` at the CTA's start: stage 2,
+    launched as this grid's programmatic dependent, may then be scheduled as soon as every CTA
+    of this grid has started (or exited) instead of when the last one exits, so its launch and
+    its programs' start overlap stage 1's tail; stage 2 waits (``griddepcontrol.wait``) for this
+    grid's completion and memory before it reads a partial. One thread's issue counts for the
+    CTA (later issues are no-ops), so the default partition issues it. Without it the kernel is
+    unchanged (stage 2 then may launch only when stage 1 has exited)."""
+    if LAUNCH_DEPENDENTS:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
 def _tree_visible(Tree_Mask, row0, tok0, qlen_b, draft_start, start, BLOCK_N: gl.constexpr,
                   HEAD_BOX: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
     """``[64, BLOCK_N]``: whether each row of the tile sees each key of the block
@@ -513,10 +527,12 @@ def _verify_stage1_ws(
     num_rows=None,  # VARLEN: rows of q / o / lse
     VARLEN: gl.constexpr = False,  # qlen is then the most rows a request has
     HAS_TREE: gl.constexpr = False,
+    LAUNCH_DEPENDENTS: gl.constexpr = False,  # stage 2 follows by PDL (``_launch_dependents``)
 ):
     """Stage 1, one CTA per (row block, request, split); see the module docstring. Launched
     with ``num_warps=4`` (the first consumer group; the other group and the producer warp are
     warp-specialized workers)."""
+    _launch_dependents(LAUNCH_DEPENDENTS)
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
@@ -1191,11 +1207,12 @@ def _verify_stage1_alt(
     EARLY_RELEASE: gl.constexpr = False,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
-    HAS_TREE: gl.constexpr = False,
+    HAS_TREE: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
 ):
     """Stage 1 with the alternating schedule (same arguments as ``_verify_stage1_ws``;
     NUM_STAGES must be 2). An fp8 cache runs the converter partition (``_converter_pair``, 4
     warps, PRODUCER_REGS registers) instead of the producer warp."""
+    _launch_dependents(LAUNCH_DEPENDENTS)
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
@@ -1678,12 +1695,14 @@ def _verify_stage1_seesaw(
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
     HAS_TREE: gl.constexpr = False, STAGE_ORDER: gl.constexpr = False, STAGE_PRODUCERS: gl.constexpr = False,
+    LAUNCH_DEPENDENTS: gl.constexpr = False,
 ):
     """Stage 1 with the seesaw schedule (same arguments as ``_verify_stage1_ws``, NUM_STAGES
     must be 2; STAGE_ORDER: see ``_consumer_seesaw``; STAGE_PRODUCERS: a filler partition per
     ring stage, see ``_producer_seesaw`` and ``_converter_seesaw``). An fp8 cache runs converter
     warps (4, or 2 per stage; PRODUCER_REGS registers) instead of the producer warp. Shared
     memory as in ``_verify_stage1_alt``."""
+    _launch_dependents(LAUNCH_DEPENDENTS)
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]

@@ -187,7 +187,7 @@ def _descriptors(q, k_buffer, page_size, block_n):
 def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real_lens, has_real,
                                o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size, Lv, cfg,
                                cp_world=1, cp_rank=0, cp_interleave=1, *, batch=None,
-                               qo_indptr=None, tree_mask=None) -> None:
+                               qo_indptr=None, tree_mask=None, launch_dependents=False) -> None:
     """Launch the Gluon stage 1 (``gluon_unsupported_reason`` must have returned None).
 
     Args: as ``decode_attention_fwd_verify`` after its checks; ``real_lens`` is ``seq_lens``
@@ -198,7 +198,9 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     context-parallel step (global lengths, the rank's local cache and block table), as in the
     portable kernel; ``qo_indptr`` (ragged draft counts: ``batch`` requests, ``qlen`` the most
     rows one has) and ``tree_mask`` (draft trees) as ``decode_attention_fwd_verify`` documents
-    them, None for the kernel without them.
+    them, None for the kernel without them; ``launch_dependents``: the caller launches stage 2
+    as this grid's programmatic dependent (``PDL``), and stage 1 lets it be scheduled from its
+    start (``gluon_kernels._launch_dependents``).
 
     Out-of-range metadata is marked as in the portable kernel (``kernels.py``'s docstring): a
     request with a page index outside the cache among the keys it reads, or a length past
@@ -247,5 +249,6 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         **({"Qo_Indptr": qo_indptr, "num_rows": q.shape[0], "VARLEN": True}
            if qo_indptr is not None else {}),
         **({"Tree_Mask": tree_mask, "HAS_TREE": True} if tree_mask is not None else {}),
+        **({"LAUNCH_DEPENDENTS": True} if launch_dependents and not single else {}),
     )
 

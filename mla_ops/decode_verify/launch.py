@@ -251,14 +251,17 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     # kernels without them (None arguments are constexprs, not kernel arguments).
     drafts = {"VARLEN": qo_indptr is not None, "HAS_TREE": tree_mask is not None}
     num_rows = q.shape[0] if qo_indptr is not None else None
+    # Programmatic dependent launch of stage 2 (CUDA capability 9+; captured in graphs as a
+    # programmatic edge).
+    use_pdl = bool(cfg["PDL"]) and kernels.HAS_PDL and not single and _is_sm90_plus(q.device, plat)
     if cfg["family"] == "gluon":
         launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
                                    o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size,
                                    Lv, cfg, cp_world, cp_rank, cp_interleave, batch=batch,
-                                   qo_indptr=qo_indptr, tree_mask=tree_mask)
+                                   qo_indptr=qo_indptr, tree_mask=tree_mask, launch_dependents=use_pdl)
         if not single:
             _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides,
-                           qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, False, kv_capacity,
+                           qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity,
                            batch, qo_indptr, num_rows, drafts, **cp)
         return
     _, stride_kpage, stride_ktok = cache_geometry(k_buffer, page_size)
@@ -267,9 +270,6 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         launch_kw.update({k: cfg[k] for k in HIP_LAUNCH_KEYS if k in cfg})
     k_desc, kpe_desc = _tma_descriptors(k_buffer, page_size, Lk, Lv, cfg, plat)
 
-    # Programmatic dependent launch of stage 2 (CUDA capability 9+; captured in graphs as a
-    # programmatic edge).
-    use_pdl = bool(cfg["PDL"]) and kernels.HAS_PDL and not single and _is_sm90_plus(q.device, plat)
     programs = verify_row_blocks(qlen, num_heads, cfg["BLOCK_H"]) * batch * num_kv_splits
     # PERSISTENT: never more programs than that many per SM, each looping over the work (one
     # compiled variant whatever the batch: the loop runs once when the work fits).
