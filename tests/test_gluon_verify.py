@@ -48,7 +48,8 @@ def _table_configs() -> dict:
             cfg = {**gla.GLUON_DEFAULT_CONFIG,
                    **{k: v for k, v in rule["config"].items() if k in gla.GLUON_DEFAULT_CONFIG}}
             key = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("SCHEDULE", "QK_FIRST", "EARLY_RELEASE",
-                                                                                 "STAGE_ORDER", "STAGE_PRODUCERS")))
+                                                                                 "STAGE_ORDER", "STAGE_PRODUCERS",
+                                                                                 "STAGE_OUT")))
             out.setdefault(key, (f"rule{i}", cfg))
     return dict(out.values())
 
@@ -82,11 +83,15 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
              cp: bool = False, drafts: bool = False):
     """The sm_90a cubin of one launch variant and ptxas's report: (kernel, ptxas stderr).
     ``cp``: a context-parallel rank's kernel (2 ranks, interleave 64; the rank a runtime int).
-    ``drafts``: with ragged draft counts and draft trees (``qo_indptr`` and ``tree_mask``)."""
+    ``drafts``: with ragged draft counts and draft trees (``qo_indptr`` and ``tree_mask``).
+    A schedule name ending in ``-out``: with STAGE_OUT (the table's form at H >= 64 and at H 16/32
+    with qlen >= 4)."""
     from triton.experimental.gluon import language as gl
 
     from mla_ops.decode_verify import gluon_kernels as gk
 
+    stage_out = schedule.endswith("-out")
+    schedule = schedule.removesuffix("-out")
     head_box = min(num_heads, 64)
     kname, kdt = ("fp8e4nv", gl.float8e4nv) if fp8 else ("bf16", gl.bfloat16)
     sig = {"q_desc": tensordesc([64 // head_box, head_box, 64], "bf16", gl.bfloat16),
@@ -118,6 +123,8 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs["EARLY_RELEASE"] = True
     if schedule == "alt-pdl":  # stage 2 as a programmatic dependent (the config's PDL)
         constexprs["LAUNCH_DEPENDENTS"] = True
+    if stage_out:
+        constexprs["STAGE_OUT"] = True
     if schedule.startswith("seesaw-stage"):
         constexprs["STAGE_ORDER"] = True
     if schedule.endswith("-prod"):
@@ -131,16 +138,22 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
 # machine. A context-parallel rank's kernel differs only in its limits: one of each schedule.
 # The redundant fp8 kernel, which no table rule picks since the converter warps (a config
 # only), is compiled once.
-VARIANTS = [(name, h, sched, fp8, single, False, False) for name in sorted(PROPOSED_CONFIGS)
+# Every table rule at H >= 64 stages its output (STAGE_OUT, the "-out" names): the pair schedules
+# are compiled so at H128, without it at H16, and with it once more at H16 (qlen >= 4 there).
+VARIANTS = [(name, h, sched + ("-out" if h == 128 and sched != "redundant" else ""), fp8, single, False, False)
+            for name in sorted(PROPOSED_CONFIGS)
             for sched, fp8 in (("alt", False), ("redundant", False), ("alt-early", True))
             for h, single in ((16, False), (128, True))]
 VARIANTS += [(name, 16, "redundant", True, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
-VARIANTS += [(name, 128, "alt-qkfirst", False, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
+VARIANTS += [(name, 128, "alt-qkfirst-out", False, False, False, False) for name in sorted(PROPOSED_CONFIGS)]
 # The PDL trigger (one instruction at the CTA's start, gated by a constexpr shared by the three
 # kernels): once, where it matters (splits, so a stage 2 follows).
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "alt-pdl", False, False, False, False)]
-VARIANTS += [(name, h, sched, False, single, False, False) for name in sorted(PROPOSED_CONFIGS)
+VARIANTS += [(name, h, sched + ("-out" if h == 128 else ""), False, single, False, False)
+             for name in sorted(PROPOSED_CONFIGS)
              for sched in ("seesaw-prod", "seesaw-stage-prod") for h, single in ((16, False), (128, True))]
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, fp8, False, False, False)
+             for sched, fp8 in (("alt-out", False), ("seesaw-prod-out", False), ("alt-early-out", True))]
 # fp8 on the seesaw (converter warps in the producer's place: 4, or 2 per stage), once each form.
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, True, single, False, False)
              for h, sched, single in ((16, "seesaw", False), (128, "seesaw-prod", True),
@@ -159,8 +172,8 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "seesaw", False, False, False, Tr
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
 # constexpr branch of the code compiles, in half the time of the full list.
-BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early", True, 128), ("redundant", True, 16),
-              ("alt-qkfirst", False, 128), ("seesaw-prod", False, 128), ("seesaw-stage-prod", False, 16),
+BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", True, 128), ("redundant", True, 16),
+              ("alt-qkfirst-out", False, 128), ("seesaw-prod-out", False, 128), ("seesaw-stage-prod", False, 16),
               ("seesaw-prod", True, 128), ("alt-pdl", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
@@ -238,6 +251,7 @@ def test_offline_compile_sm90a(variant, offline_reports):
     assert r["wgmma"] and r["tma"], r
     # The PDL trigger is in the kernel with LAUNCH_DEPENDENTS only (the others are unchanged).
     assert r["launch_dependents"] == (schedule == "alt-pdl"), r
+    schedule = schedule.removesuffix("-out")  # (the spill limits below hold with STAGE_OUT too)
     if _GPU_CHECKED:
         # Serialized wgmmas and spills are facts of the compiler the GPU runs (triton 3.6): on
         # 3.9 the seesaw kernel's wgmmas are serialized for register pressure (C7512), but the
@@ -409,7 +423,12 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "redundant": {"SCHEDULE": "redundant"},
              # stage 2 as stage 1's programmatic dependent, scheduled from stage 1's start
              "alt-pdl": {"SCHEDULE": "alt", "PDL": 1}, "alt-early-pdl": {"SCHEDULE": "alt", "EARLY_RELEASE": 1, "PDL": 1},
-             "seesaw-prod-pdl": {"SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1, "PDL": 1}}
+             "seesaw-prod-pdl": {"SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1, "PDL": 1},
+             # o through shared memory, coalesced (STAGE_OUT)
+             "alt-stageout": {"SCHEDULE": "alt", "STAGE_OUT": 1},
+             "alt-early-stageout": {"SCHEDULE": "alt", "EARLY_RELEASE": 1, "STAGE_OUT": 1},
+             "seesaw-stage-prod-stageout": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1, "STAGE_PRODUCERS": 1,
+                                            "STAGE_OUT": 1}}
 
 
 @pytest.mark.gpu
@@ -431,11 +450,14 @@ def test_gluon_matches_reference(case, schedule):
                                           (False, "seesaw-prod"), (False, "seesaw-stage-prod"),
                                           (True, "redundant"), (True, "alt-early"), (True, "seesaw"),
                                           (True, "seesaw-prod"), (True, "seesaw-stage-prod"),
-                                          (False, "alt-pdl"), (False, "seesaw-prod-pdl"), (True, "alt-early-pdl")],
+                                          (False, "alt-pdl"), (False, "seesaw-prod-pdl"), (True, "alt-early-pdl"),
+                                          (False, "alt-stageout"), (False, "seesaw-stage-prod-stageout"),
+                                          (True, "alt-early-stageout")],
                          ids=["bf16-alt", "bf16-seesaw", "bf16-seesaw-stage", "bf16-seesaw-prod",
                               "bf16-seesaw-stage-prod", "fp8-redundant", "fp8-alt-early", "fp8-seesaw",
                               "fp8-seesaw-prod", "fp8-seesaw-stage-prod", "bf16-alt-pdl", "bf16-seesaw-prod-pdl",
-                              "fp8-alt-early-pdl"])
+                              "fp8-alt-early-pdl", "bf16-alt-stageout", "bf16-seesaw-stage-prod-stageout",
+                              "fp8-alt-early-stageout"])
 def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule])
 

@@ -1012,7 +1012,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                   LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr, cp_rank,
                   CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
                   VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, KV_FP8: gl.constexpr,
-                  EARLY_RELEASE: gl.constexpr):
+                  EARLY_RELEASE: gl.constexpr, STAGE_OUT: gl.constexpr):
     """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
     and output columns ``[WG * LV/2, (WG + 1) * LV/2)``. ``shared``: the runtime arguments
     both groups take (``_verify_stage1_alt`` builds it). KV_FP8: the ring holds the fp16 blocks
@@ -1121,18 +1121,59 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
     m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
     _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-               HEAD_BOX, LV, SINGLE, VARLEN, MMA)
+               HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT)
+
+
+@gluon.jit
+def _out_tile(kv_smem, WG: gl.constexpr, t: gl.constexpr):
+    """The fp32 ``[64, 64]`` shared tile where group WG stages output tile ``t`` (0-3) before
+    ``_store_out`` writes it: the ring seen as 16 KB fp32 tiles (two 16-bit ring tiles each),
+    group WG's four after the other group's. Called after ``_pair_row_sums``: both groups have
+    retired every wgmma of their block loops, and no copy or conversion fills the ring past the
+    split's last block, so the whole ring is free."""
+    N_DT: gl.constexpr = kv_smem.shape[0] // 2
+    BLOCK_N: gl.constexpr = kv_smem.shape[2]
+    gl.static_assert(kv_smem.dtype.primitive_bitwidth == 16)
+    gl.static_assert(BLOCK_N == _BM)
+    gl.static_assert(N_DT >= 8)
+    # 8-byte units XOR-ed by row: the accumulator layout's stores (8 rows x 4 threads x 8 bytes)
+    # spread over the banks, a row's 64 values stay one row for the coalesced reads.
+    OUT_L: gl.constexpr = gl.SwizzledSharedLayout(2, 1, 8, [1, 0])
+    return kv_smem.reinterpret(gl.float32, [N_DT, _BM, _DT], OUT_L).index(4 * WG + t)
+
+
+@gluon.jit
+def _store_staged(WG: gl.constexpr, kv_smem, acc0, acc1, acc2, acc3, inv_l, base, row_valid_st,
+                  ST: gl.constexpr, DT: gl.constexpr):
+    """The group's four output tiles scaled by ``inv_l`` through shared memory (``_out_tile``),
+    then to ``base`` (``[64, 1]`` row pointers of this group's first column, layout ST) with
+    each warp store writing 32 consecutive values of one row: whole 32-byte sectors, where the
+    accumulator layout's stores (8 rows x 32 bytes each) cut every sector of a 4-byte-aligned
+    row in two (the split workspace's rows are ``Lv + 1`` floats)."""
+    _out_tile(kv_smem, WG, 0).store(acc0 * inv_l)
+    _out_tile(kv_smem, WG, 1).store(acc1 * inv_l)
+    _out_tile(kv_smem, WG, 2).store(acc2 * inv_l)
+    _out_tile(kv_smem, WG, 3).store(acc3 * inv_l)
+    _barrier()  # the group's warps: every tile written before any is read back
+    cols = gl.arange(0, _DT, layout=gl.SliceLayout(0, ST))
+    mask = row_valid_st[:, None] & (cols[None, :] < _DT)
+    ptr = base + cols[None, :]
+    gl.store(ptr, _out_tile(kv_smem, WG, 0).load(ST).to(DT), mask=mask)
+    gl.store(ptr + _DT, _out_tile(kv_smem, WG, 1).load(ST).to(DT), mask=mask)
+    gl.store(ptr + 2 * _DT, _out_tile(kv_smem, WG, 2).load(ST).to(DT), mask=mask)
+    gl.store(ptr + 3 * _DT, _out_tile(kv_smem, WG, 3).load(ST).to(DT), mask=mask)
 
 
 @gluon.jit
 def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
                tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
-               VARLEN: gl.constexpr, MMA: gl.constexpr):
+               VARLEN: gl.constexpr, MMA: gl.constexpr, kv_smem=None, STAGE_OUT: gl.constexpr = False):
     """o (or the split's partial o and its lse) of this group's columns from its four
     ``[64, 64]`` accumulators: rows that saw no key get o = 0 and lse = -inf; a marked request
     NaN in both. The request's ``qlen_b`` rows start at row ``_first_row(row_base, qlen, VARLEN)``
-    of o / lse / Mid."""
+    of o / lse / Mid. STAGE_OUT (the pair schedules, after ``_pair_row_sums``): o goes through
+    the group's V half of the ring, ``_store_staged``."""
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     has_key = l_i > 0.0
@@ -1148,7 +1189,28 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, mark
     cols = gl.arange(0, _DT, layout=COL)
     mask = row_valid[:, None] & (cols[None, :] < _DT)
     col0 = WG * (LV // 2)
-    if SINGLE:
+    if STAGE_OUT:
+        # 4 warps, each row's 64 values by 32 threads: one row per warp store.
+        ST: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
+        rows_st = gl.arange(0, _BM, layout=gl.SliceLayout(1, ST))
+        tok_st = tok0 + rows_st // HEAD_BOX
+        head_st = head0 + rows_st % HEAD_BOX
+        q_row_st = (_first_row(row_base, qlen, VARLEN) + tok_st).to(gl.int64)
+        if SINGLE:
+            base = O + q_row_st * stride_om + head_st * stride_oh + col0
+            _store_staged(WG, kv_smem, acc0, acc1, acc2, acc3, inv_l, base[:, None], tok_st < qlen_b, ST,
+                          O.dtype.element_ty)
+        else:
+            base = Mid + q_row_st * stride_mid_m + head_st * stride_mid_h + pid_s * stride_mid_s + col0
+            _store_staged(WG, kv_smem, acc0, acc1, acc2, acc3, inv_l, base[:, None], tok_st < qlen_b, ST,
+                          gl.float32)
+        if WG == 0:
+            if SINGLE:
+                gl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=row_valid)
+            else:
+                gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV, lse,
+                         mask=row_valid)
+    elif SINGLE:
         p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + col0 + cols[None, :]
         gl.store(p_o, (acc0 * inv_l).to(O.dtype.element_ty), mask=mask)
         gl.store(p_o + _DT, (acc1 * inv_l).to(O.dtype.element_ty), mask=mask)
@@ -1207,7 +1269,7 @@ def _verify_stage1_alt(
     EARLY_RELEASE: gl.constexpr = False,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
-    HAS_TREE: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
+    HAS_TREE: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
 ):
     """Stage 1 with the alternating schedule (same arguments as ``_verify_stage1_ws``;
     NUM_STAGES must be 2). An fp8 cache runs the converter partition (``_converter_pair``, 4
@@ -1247,10 +1309,10 @@ def _verify_stage1_alt(
     gl.warp_specialize([
         (_consumer_alt, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                          QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                         HAS_TREE, KV_FP8, EARLY_RELEASE)),
+                         HAS_TREE, KV_FP8, EARLY_RELEASE, STAGE_OUT)),
         (_consumer_alt, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                          QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                         HAS_TREE, KV_FP8, EARLY_RELEASE)),
+                         HAS_TREE, KV_FP8, EARLY_RELEASE, STAGE_OUT)),
         (_fill_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
                      Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
@@ -1521,7 +1583,8 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                      CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows, VARLEN: gl.constexpr,
-                     HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr, KV_FP8: gl.constexpr):
+                     HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr, KV_FP8: gl.constexpr,
+                     STAGE_OUT: gl.constexpr):
     """Consumer group WG of the seesaw schedule (see above). KV_FP8: the ring holds the fp16
     blocks the converter warps wrote; ``k_scale`` scales the scores and o. ``shared``: the runtime arguments
     both groups take (``_verify_stage1_seesaw`` builds it). STAGE_ORDER: group 1 multiplies
@@ -1678,7 +1741,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     l_i = _pair_row_sums(WG, l_i, sl_smem, l_bar, ROW)
     _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_f, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-               HEAD_BOX, LV, SINGLE, VARLEN, MMA)
+               HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT)
 
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
@@ -1695,7 +1758,7 @@ def _verify_stage1_seesaw(
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
     HAS_TREE: gl.constexpr = False, STAGE_ORDER: gl.constexpr = False, STAGE_PRODUCERS: gl.constexpr = False,
-    LAUNCH_DEPENDENTS: gl.constexpr = False,
+    LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
 ):
     """Stage 1 with the seesaw schedule (same arguments as ``_verify_stage1_ws``, NUM_STAGES
     must be 2; STAGE_ORDER: see ``_consumer_seesaw``; STAGE_PRODUCERS: a filler partition per
@@ -1742,10 +1805,10 @@ def _verify_stage1_seesaw(
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER, KV_FP8)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT)),
             (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER, KV_FP8)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT)),
             (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
@@ -1761,10 +1824,10 @@ def _verify_stage1_seesaw(
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER, KV_FP8)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT)),
             (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER, KV_FP8)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT)),
             (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,

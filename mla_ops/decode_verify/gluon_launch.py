@@ -88,6 +88,11 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # fp8: 2 converter warps per stage), so that a part released late in one stage does not
     # hold back the other stage's refill.
     "STAGE_PRODUCERS": 0,
+    # "alt" and "seesaw": o (or the split's partial) goes to global memory through the group's
+    # V half of the ring, a warp store per row's 32 consecutive values, instead of straight
+    # from the accumulators (8 rows x 32 bytes per store: every sector of the split
+    # workspace's 4-byte-aligned rows, Lv + 1 floats, written in two halves).
+    "STAGE_OUT": 0,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -231,6 +236,8 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         extra = {"QK_FIRST": bool(c["QK_FIRST"]), "EARLY_RELEASE": bool(c["EARLY_RELEASE"])}
     elif kernel is _gk._verify_stage1_seesaw:
         extra = {"STAGE_ORDER": bool(c["STAGE_ORDER"]), "STAGE_PRODUCERS": bool(c["STAGE_PRODUCERS"])}
+    if c["STAGE_OUT"] and kernel is not _gk._verify_stage1_ws:
+        extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
     filler_regs = c["CONVERTER_REGS"] if fp8 and kernel is _gk._verify_stage1_alt else c["PRODUCER_REGS"]
     launch(kernel, grid,
