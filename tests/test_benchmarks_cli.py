@@ -33,6 +33,7 @@ from benchmarks import (  # noqa: E402
     compile_pool,
     decode,
     harness,
+    kernel_times,
     prefill,
     results,
     shapes,
@@ -1178,3 +1179,21 @@ def test_ncu_stalls_attributes_samples_to_partitions_and_mbarriers(tmp_path):
     assert "arrives on: `UR4+0x38568`" in text
     assert "idle warps (padding a partition to a warpgroup): 50.0%" in text
     assert "SASS [6," not in text  # the idle partition is not listed as a busy one
+
+
+def test_kernel_times_parses_its_cases_and_says_when_there_is_no_gpu(capsys):
+    """kernel_times.py: named shapes and H,qlen,B,L[,fp8] cases, bad ones refused with the flag
+    named; without a GPU it says so and exits 2 (the profiler times CUDA kernels)."""
+    args = kernel_times.parse_args(["--shape", "M2,M3", "--case", "16,4,32,4096", "128,2,16,32768,fp8",
+                                    "--variant", '{"STAGE_OUT": 1}'])
+    assert args.shape == ["M2", "M3"] and args.overrides == {"STAGE_OUT": 1}
+    assert [(c.H, c.qlen, c.B, c.L, c.fp8) for c in args.case] == [(16, 4, 32, 4096, False),
+                                                                    (128, 2, 16, 32768, True)]
+    for bad in (["--case", "16,4,32"], ["--case", "16,4,32,4096,bf8"], ["--case", "16,x,32,4096"],
+                ["--shape", "M9"], ["--shape", "M2", "--variant", "[1]"], []):
+        with pytest.raises(SystemExit):
+            kernel_times.parse_args(bad)
+        assert capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert kernel_times.main(["--shape", "M2"]) == 2
+        assert capsys.readouterr().err.startswith("kernel_times.py: no CUDA/HIP GPU")
