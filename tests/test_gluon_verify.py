@@ -174,7 +174,7 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "seesaw", False, False, False, Tr
 # constexpr branch of the code compiles, in half the time of the full list.
 BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", True, 128), ("redundant", True, 16),
               ("alt-qkfirst-out", False, 128), ("seesaw-prod-out", False, 128), ("seesaw-stage-prod", False, 16),
-              ("seesaw-prod", True, 128), ("alt-pdl", False, 16)}
+              ("seesaw-prod", True, 128)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
