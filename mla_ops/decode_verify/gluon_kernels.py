@@ -62,6 +62,13 @@ o and lse (the split's partials, which the portable stage 2 turns into NaN rows)
 the block table (``kv_capacity``) is clamped in ``_work``, so the producer never reads the
 table past the request's row, and marks the request.
 
+Output: each group stores o (or the split's partial) for its 256 columns. With STAGE_OUT (the
+pair schedules; the sm_90 table's rules at H >= 64 and at H 16/32 with qlen >= 4) it first
+writes its scaled accumulators into the ring, which is free once both groups are past their
+block loops, then stores a row per warp store (``_store_staged``). Storing from the accumulator
+layout (the redundant kernel, and rules with fewer rows) writes 8 rows x 32 bytes per store,
+and every sector of a 4-byte-aligned partial row (``Lv + 1`` floats) in two halves.
+
 Register budget: 232 per consumer thread, 24 for the producer (``setmaxnreg``; the first
 consumer group is the default partition and keeps the parent's 248); 40 for the fp8
 converter warps (the first group then keeps 232). Descriptors of shared
