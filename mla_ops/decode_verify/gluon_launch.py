@@ -88,9 +88,10 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # fp8: 2 converter warps per stage), so that a part released late in one stage does not
     # hold back the other stage's refill.
     "STAGE_PRODUCERS": 0,
-    # "alt" and "seesaw": o (or the split's partial) goes to global memory through the group's
-    # V half of the ring, a warp store per row's 32 consecutive values, instead of straight
-    # from the accumulators (8 rows x 32 bytes per store: every sector of the split
+    # "alt" and "seesaw" (the redundant schedule ignores it): o (or the split's partial) goes to
+    # global memory through the ring, free once both groups are past their block loops
+    # (``gluon_kernels._out_tile``), a warp store per row's 32 consecutive values, instead of
+    # straight from the accumulators (8 rows x 32 bytes per store: every sector of the split
     # workspace's 4-byte-aligned rows, Lv + 1 floats, written in two halves).
     "STAGE_OUT": 0,
 }
