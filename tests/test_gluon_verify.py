@@ -428,12 +428,7 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "alt-stageout": {"SCHEDULE": "alt", "STAGE_OUT": 1},
              "alt-early-stageout": {"SCHEDULE": "alt", "EARLY_RELEASE": 1, "STAGE_OUT": 1},
              "seesaw-stage-prod-stageout": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1, "STAGE_PRODUCERS": 1,
-                                            "STAGE_OUT": 1},
-             # blocks prefetched into L2 ahead of their ring refill (L2_PREFETCH; the cross-layer
-             # cases, whose token rows are not contiguous, run without it)
-             "alt-prefetch": {"SCHEDULE": "alt", "L2_PREFETCH": 2},
-             "seesaw-stage-prod-prefetch": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1, "STAGE_PRODUCERS": 1,
-                                            "STAGE_OUT": 1, "L2_PREFETCH": 2}}
+                                            "STAGE_OUT": 1}}
 
 
 @pytest.mark.gpu

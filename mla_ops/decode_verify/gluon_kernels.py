@@ -210,25 +210,6 @@ def _launch_dependents(LAUNCH_DEPENDENTS: gl.constexpr):
 
 
 @gluon.jit
-def _l2_prefetch(KV, stride_kv_page, num_pages, Req_to_Token, req_row, start, pred, page_size,
-                 BLOCK_N: gl.constexpr, LK: gl.constexpr):
-    """Where ``pred``: the KV block at token ``start`` of the request's row ``req_row`` of the
-    block table, one bulk ``cp.async.bulk.prefetch.L2`` of its ``BLOCK_N * LK`` contiguous
-    elements (the launcher passes ``L2_PREFETCH`` only for caches whose token rows are
-    contiguous), issued by lane 0 of the calling warp. A hint: the TMA load that later reads
-    the block finds it in L2 instead of waiting for HBM. The page index is clamped into the
-    cache as the loads clamp it (a marked request's block is then some other page: harmless)."""
-    page = gl.load(Req_to_Token + req_row + start // page_size, mask=pred, other=0)
-    page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
-    ptr = KV + page.to(gl.int64) * stride_kv_page + (start % page_size) * LK
-    nbytes = page * 0 + BLOCK_N * LK * (KV.dtype.element_ty.primitive_bitwidth // 8)
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .b32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; setp.ne.u32 q, $2, 0; "
-        "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-        "=r,l,r,r", [ptr, pred.to(gl.int32), nbytes], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _tree_visible(Tree_Mask, row0, tok0, qlen_b, draft_start, start, BLOCK_N: gl.constexpr,
                   HEAD_BOX: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
     """``[64, BLOCK_N]``: whether each row of the tile sees each key of the block
@@ -698,11 +679,9 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
                   kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                   CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, KV=None, stride_kv_page=0, num_pages=1,
-                  L2_PREFETCH: gl.constexpr = 0):
+                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """1 warp: Q (tiles 0-7 to ``q_smem``, the rope tile to ``sp_smem[1]``), then each block
-    into stage ``i % 2`` by halves, the owner's half first (it is freed first). L2_PREFETCH d:
-    block i + d is prefetched into L2 before block i waits for its stage (``_l2_prefetch``)."""
+    into stage ``i % 2`` by halves, the owner's half first (it is freed first)."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
@@ -715,9 +694,6 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
         s = i % 2
         ph = ((i // 2) & 1) ^ 1
         start = split_start + i * BLOCK_N
-        if L2_PREFETCH > 0:
-            _l2_prefetch(KV, stride_kv_page, num_pages, Req_to_Token, req_row, start + L2_PREFETCH * BLOCK_N,
-                         i + L2_PREFETCH < n_blocks, page_size, BLOCK_N, N_DT * _DT)
         page_next = gl.load(Req_to_Token + req_row + (start + BLOCK_N) // page_size,
                             mask=i + 1 < n_blocks, other=0)
         tok = start % page_size
@@ -902,11 +878,9 @@ def _fill_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, r
               Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX: gl.constexpr,
               HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
               N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, KV_FP8: gl.constexpr, KV, stride_kv_page, num_pages,
-              L2_PREFETCH: gl.constexpr):
+              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, KV_FP8: gl.constexpr):
     """The alt kernel's partition that fills the ring: the converter warps for an fp8 cache,
-    the producer warp otherwise (``q_conv`` and ``staged`` are then unused; so are the
-    L2_PREFETCH arguments for fp8)."""
+    the producer warp otherwise (``q_conv`` and ``staged`` are then unused)."""
     if KV_FP8:
         _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
                         Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
@@ -916,7 +890,7 @@ def _fill_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, r
         _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
                       Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX,
                       HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE,
-                      Qo_Indptr, num_rows, VARLEN, HAS_TREE, KV, stride_kv_page, num_pages, L2_PREFETCH)
+                      Qo_Indptr, num_rows, VARLEN, HAS_TREE)
 
 
 @gluon.jit
@@ -1303,7 +1277,6 @@ def _verify_stage1_alt(
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
     HAS_TREE: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
-    KV=None, stride_kv_page=0, L2_PREFETCH: gl.constexpr = 0,
 ):
     """Stage 1 with the alternating schedule (same arguments as ``_verify_stage1_ws``;
     NUM_STAGES must be 2). An fp8 cache runs the converter partition (``_converter_pair``, 4
@@ -1350,8 +1323,7 @@ def _verify_stage1_alt(
         (_fill_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
                      Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-                     CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, KV_FP8, KV, stride_kv_page, num_pages,
-                     L2_PREFETCH)),
+                     CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, KV_FP8)),
     ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)
@@ -1407,14 +1379,12 @@ def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, emp
                      MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                      CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
                      VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr,
-                     STAGE: gl.constexpr, N_PROD: gl.constexpr, KV=None, stride_kv_page=0, num_pages=1,
-                     L2_PREFETCH: gl.constexpr = 0):
+                     STAGE: gl.constexpr, N_PROD: gl.constexpr):
     """1 warp: Q as in ``_producer_alt`` (producer 0), then each block into stage ``i % 2`` by
     parts (rope, then the V halves in the order they are released: the owner's half first, or
     with STAGE_ORDER the left half, then the right), each as soon as its ``empty`` barrier
     passes. N_PROD 2: this warp refills only stage STAGE (``_seesaw_block``), so that one
-    stage's late part does not hold back the other stage's refill. L2_PREFETCH d: block i + d
-    is prefetched into L2 before block i waits for its stage (``_l2_prefetch``)."""
+    stage's late part does not hold back the other stage's refill."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
@@ -1436,9 +1406,6 @@ def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, emp
         s = i % 2
         ph = ((i // 2) & 1) ^ 1
         start = split_start + i * BLOCK_N
-        if L2_PREFETCH > 0:
-            _l2_prefetch(KV, stride_kv_page, num_pages, Req_to_Token, req_row, start + L2_PREFETCH * BLOCK_N,
-                         i + L2_PREFETCH < n_blocks, page_size, BLOCK_N, N_DT * _DT)
         page_next = gl.load(Req_to_Token + req_row + (split_start + _seesaw_block(k + 1, STAGE, N_PROD) * BLOCK_N)
                             // page_size, mask=k + 1 < n_mine, other=0)
         tok = start % page_size
@@ -1550,10 +1517,10 @@ def _fill_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged
                  MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                  CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
                  HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr, STAGE: gl.constexpr, N_FILL: gl.constexpr,
-                 KV_FP8: gl.constexpr, KV, stride_kv_page, num_pages, L2_PREFETCH: gl.constexpr):
+                 KV_FP8: gl.constexpr):
     """A partition that fills the seesaw's ring: converter warps for an fp8 cache, a producer
-    warp otherwise (``q_conv`` and ``staged`` are then unused; so are the L2_PREFETCH
-    arguments for fp8); N_FILL of them, this one filling stage STAGE (N_FILL 2) or both."""
+    warp otherwise (``q_conv`` and ``staged`` are then unused); N_FILL of them, this one
+    filling stage STAGE (N_FILL 2) or both."""
     if KV_FP8:
         _converter_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                           Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
@@ -1564,8 +1531,7 @@ def _fill_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged
         _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
                          Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
                          TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-                         CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER, STAGE, N_FILL, KV,
-                         stride_kv_page, num_pages, L2_PREFETCH)
+                         CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER, STAGE, N_FILL)
 
 
 @gluon.jit
@@ -1800,7 +1766,6 @@ def _verify_stage1_seesaw(
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
     HAS_TREE: gl.constexpr = False, STAGE_ORDER: gl.constexpr = False, STAGE_PRODUCERS: gl.constexpr = False,
     LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
-    KV=None, stride_kv_page=0, L2_PREFETCH: gl.constexpr = 0,
 ):
     """Stage 1 with the seesaw schedule (same arguments as ``_verify_stage1_ws``, NUM_STAGES
     must be 2; STAGE_ORDER: see ``_consumer_seesaw``; STAGE_PRODUCERS: a filler partition per
@@ -1855,12 +1820,12 @@ def _verify_stage1_seesaw(
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
                             cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
-                            0, 2, KV_FP8, KV, stride_kv_page, num_pages, L2_PREFETCH)),
+                            0, 2, KV_FP8)),
             (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
                             cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
-                            1, 2, KV_FP8, KV, stride_kv_page, num_pages, L2_PREFETCH)),
+                            1, 2, KV_FP8)),
         ], [4, 2 if KV_FP8 else 1, 2 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -1874,7 +1839,7 @@ def _verify_stage1_seesaw(
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
                             cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
-                            0, 1, KV_FP8, KV, stride_kv_page, num_pages, L2_PREFETCH)),
+                            0, 1, KV_FP8)),
         ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)

@@ -94,12 +94,6 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # straight from the accumulators (8 rows x 32 bytes per store: every sector of the split
     # workspace's 4-byte-aligned rows, Lv + 1 floats, written in two halves).
     "STAGE_OUT": 0,
-    # "alt" and "seesaw" on a bf16 cache (the producer warps; fp8's converter warps and the
-    # redundant schedule ignore it): d > 0 prefetches block i + d of the split into L2 (one
-    # bulk prefetch of its 64 contiguous token rows) before block i waits for its ring stage,
-    # so that the stage's TMA refill finds it in L2 rather than waiting for HBM. Caches whose
-    # token rows are not contiguous (a token stride other than Lk) run without it.
-    "L2_PREFETCH": 0,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -245,9 +239,6 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         extra = {"STAGE_ORDER": bool(c["STAGE_ORDER"]), "STAGE_PRODUCERS": bool(c["STAGE_PRODUCERS"])}
     if c["STAGE_OUT"] and kernel is not _gk._verify_stage1_ws:
         extra["STAGE_OUT"] = True
-    _, s_page, s_tok = cache_geometry(k_buffer, page_size)
-    if c["L2_PREFETCH"] and kernel is not _gk._verify_stage1_ws and not fp8 and s_tok == k_buffer.shape[-1]:
-        extra.update(KV=k_buffer, stride_kv_page=s_page, L2_PREFETCH=int(c["L2_PREFETCH"]))
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
     filler_regs = c["CONVERTER_REGS"] if fp8 and kernel is _gk._verify_stage1_alt else c["PRODUCER_REGS"]
     launch(kernel, grid,
