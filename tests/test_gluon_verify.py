@@ -74,9 +74,10 @@ def _is_hopper() -> bool:
 
 def _filler_regs(cfg: dict, schedule: str, fp8: bool) -> int:
     """Registers of the partition that fills the ring: the producer warp, or the converter
-    warps of an fp8 cache on the alt schedule (as ``launch_verify_stage1_gluon`` picks them;
-    the seesaw's converter warps run in the producer's registers)."""
-    return cfg["CONVERTER_REGS"] if fp8 and schedule.startswith("alt") else cfg["PRODUCER_REGS"]
+    warps of an fp8 cache on the alt and swap-AB schedules (as ``launch_verify_stage1_gluon``
+    picks them; the seesaw's converter warps run in the producer's registers)."""
+    return (cfg["CONVERTER_REGS"] if fp8 and (schedule.startswith("alt") or schedule == "swapab")
+            else cfg["PRODUCER_REGS"])
 
 
 def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str = "redundant",
@@ -115,8 +116,13 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         sig.update(Qo_Indptr="*i32", Tree_Mask="*i64", num_rows="i32")
         constexprs.update(VARLEN=True, HAS_TREE=True)
     fn = {"alt": gk._verify_stage1_alt, "alt-qkfirst": gk._verify_stage1_alt, "alt-early": gk._verify_stage1_alt,
-          "alt-pdl": gk._verify_stage1_alt, "seesaw": gk._verify_stage1_seesaw}.get("seesaw" if schedule.startswith("seesaw") else schedule,
+          "alt-pdl": gk._verify_stage1_alt, "seesaw": gk._verify_stage1_seesaw,
+          "swapab": gk._verify_stage1_swapab}.get("seesaw" if schedule.startswith("seesaw") else schedule,
                                                   gk._verify_stage1_ws)
+    if schedule == "swapab":  # a request's rows in 32 wgmma columns (H16 qlen 2; 16: H16 qlen 1)
+        sig.pop("Tree_Mask", None)
+        constexprs.pop("HAS_TREE", None)
+        constexprs["ROWS"] = 32
     if schedule == "alt-qkfirst":
         constexprs["QK_FIRST"] = True
     if schedule == "alt-early":
@@ -168,13 +174,18 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, single, False, True)
                                                   (("alt", False), ("redundant", False),
                                                    ("alt-early", True), ("alt-qkfirst", False)))]
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "seesaw", False, False, False, True)]
+# The swap-AB schedule (H < 64 only): each cache once, splits and one split, a context-parallel
+# rank's kernel and the one with ragged draft counts (it takes no draft trees).
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "swapab", fp8, single, cp, drafts)
+             for fp8, single, cp, drafts in ((False, False, False, False), (True, True, False, False),
+                                             (False, True, True, False), (True, False, False, True))]
 # On a triton the GPU does not run (the unpinned CI job), where spills and serialization are
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
 # constexpr branch of the code compiles, in half the time of the full list.
 BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", True, 128), ("redundant", True, 16),
               ("alt-qkfirst-out", False, 128), ("seesaw-prod-out", False, 128), ("seesaw-stage-prod", False, 16),
-              ("seesaw-prod", True, 128)}
+              ("seesaw-prod", True, 128), ("swapab", True, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -214,7 +225,7 @@ MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32
              ("alt-pdl", False): 32,
              ("seesaw", False): 48, ("seesaw-prod", False): 48, ("seesaw-stage-prod", False): 120,
              ("alt-early", True): 80, ("seesaw", True): 56, ("seesaw-prod", True): 40,
-             ("seesaw-stage-prod", True): 104}
+             ("seesaw-stage-prod", True): 104, ("swapab", False): 8, ("swapab", True): 40}
 # (alt-early fp8, the converter partition's kernel: H16 60 bytes, H128 one split 72; in the SASS
 # of H128 the first group and the converter reload nothing inside their loops, the second group
 # about six words per block.)
@@ -428,7 +439,20 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "alt-stageout": {"SCHEDULE": "alt", "STAGE_OUT": 1},
              "alt-early-stageout": {"SCHEDULE": "alt", "EARLY_RELEASE": 1, "STAGE_OUT": 1},
              "seesaw-stage-prod-stageout": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1, "STAGE_PRODUCERS": 1,
-                                            "STAGE_OUT": 1}}
+                                            "STAGE_OUT": 1},
+             # keys as the wgmma's M, rows as N (the cases of <= 32 rows per request: H16 q1/q2;
+             # the others run alt)
+             "swapab": {"SCHEDULE": "swapab"}}
+
+# Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
+# token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
+# heads, four tokens), H16 q2 fp8 with 16 splits of a long request beside one of a single key.
+SWAPAB_CASES = [
+    ("H32-q1-B3-p128-xlayer", 3, 32, 1, [900, 1, 300], 128, False, "xlayer", None, (1, 4)),
+    ("fp8-H16-q1-B2-p64-real", 2, 16, 1, [777, 64], 64, True, "3d", [700, 64], (1, 4)),
+    ("H8-q4-B2-p64-4d", 2, 8, 4, [500, 70], 64, False, "4d", None, (1, 2)),
+    ("fp8-H16-q2-B2-p64-long", 2, 16, 2, [4000, 1], 64, True, "4d", None, (1, 16)),
+]
 
 
 @pytest.mark.gpu
@@ -436,10 +460,21 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
 def test_gluon_matches_reference(case, schedule):
+    _check_case(case, SCHEDULES[schedule])
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("case", SWAPAB_CASES, ids=[c[0] for c in SWAPAB_CASES])
+def test_gluon_swapab_matches_reference(case):
+    _check_case(case, SCHEDULES["swapab"])
+
+
+def _check_case(case, cfg):
     _, B, H, qlen, lens, page, fp8, layout, real, caps = case
     c = make_case(B, H, qlen, None, page, fp8=fp8, layout=layout, real=real, lens=lens, seed=B + qlen)
     for splits in caps:
-        o, lse = gluon_verify(c, splits, SCHEDULES[schedule])
+        o, lse = gluon_verify(c, splits, cfg)
         torch.cuda.synchronize()
         check(c, o, lse)
 
@@ -462,10 +497,17 @@ def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule])
 
 
-def _graph_replay(fp8, cfg=None):
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_gluon_swapab_cuda_graph_replay_new_inputs(fp8):
+    _graph_replay(fp8, SCHEDULES["swapab"], qlen=2)
+
+
+def _graph_replay(fp8, cfg=None, qlen=3):
     """Captured once, replayed on new lengths, block tables and queries copied into the same
     tensors: the same answers as the reference each time; nothing allocated in the capture."""
-    B, H, qlen, page, splits = 3, 16, 3, 64, 4
+    B, H, page, splits = 3, 16, 64, 4
     c = make_case(B, H, qlen, None, page, fp8=fp8, lens=[900, 300, 40], real=[900, 300, 40], seed=1)
     rows = B * qlen
     o = torch.empty(rows, H, LV, dtype=torch.bfloat16, device="cuda")

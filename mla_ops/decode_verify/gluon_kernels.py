@@ -264,17 +264,17 @@ def _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, n
                        page_size, num_pages, kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
                        SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, cp_rank,
                        CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                       VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, ROW: gl.constexpr):
-    """What a consumer group of either schedule does before its block loop: its work item
+                       VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, ROW: gl.constexpr, N_ROWS: gl.constexpr = 64):
+    """What a consumer group of any schedule does before its block loop: its work item
     (``_work``), each row's key limit, the table check of its request, then the wait for the Q
     tile. Returns ``(pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks,
-    row_base, qlen_b, lim, marked)``: ``lim`` ``[64]`` (layout ROW) capped at ``kv_end``,
-    ``marked`` from ``_request_marked``."""
+    row_base, qlen_b, lim, marked)``: ``lim`` ``[N_ROWS]`` (layout ROW: the block's first
+    N_ROWS rows) capped at ``kv_end``, ``marked`` from ``_request_marked``."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
-    rows = gl.arange(0, _BM, layout=ROW)
+    rows = gl.arange(0, N_ROWS, layout=ROW)
     tok = tok0 + rows // HEAD_BOX  # verify token of each row, in the request
     if HAS_TREE:  # every row's limit is the request's; the tree picks its keys below it
         lim = gl.minimum(tok * 0 + max_lim, kv_end)
@@ -1333,6 +1333,213 @@ def _verify_stage1_alt(
     for i in gl.static_range(2):
         mbarrier.invalidate(p_ready.index(i))
         mbarrier.invalidate(p_free.index(i))
+    _invalidate_converter_barriers(q_conv, staged, 4, KV_FP8)
+
+
+# ---------------------------------------------------------------------------------------------
+# The swap-AB schedule (few rows: a request's qlen * H <= 32, H < 64). The other pair schedules
+# give every wgmma the block's 64 rows as M, so 16 or 32 rows pay a 64-row MMA; here the 64 keys
+# of a block are M and the R (16 or 32) rows are N:
+#
+#   S^T [64 keys, R] = K Q^T   (A: the ring's K tiles as they are; B: Q's first R rows, transposed)
+#   O^T [256 columns, R] += V^T P^T   (A: the group's V tiles, transposed; B: P^T in shared memory)
+#
+# Each group computes the block's scores itself (2.4 MFLOP at R = 32, against 4.7 for a 64-row
+# QK) and keeps the softmax state of every row, so nothing passes between the groups; a group
+# owns O's columns [256 WG, 256 WG + 256). A ring half is released by both groups (count 2):
+# the other group's half once my scores are done, mine once my P^T V^T is. The ring, Q's tiles
+# and the fill partition (producer warp, or the fp8 converter warps) are the alt kernel's; the
+# two P tiles hold the rope tile of Q (``sp_smem[1]``, read by every block's scores) and the two
+# groups' P^T (``sp_smem[0]``, 4 KB each at R = 32).
+# ---------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R: gl.constexpr, BLOCK_N: gl.constexpr,
+                   N_DT: gl.constexpr, MMA: gl.constexpr):
+    """Issue ``S^T = K Q^T`` (``[BLOCK_N, R]``) of the block in stage ``s``, half 0 (tiles 0-3)
+    then half 1 (tiles 4-7 and the rope tile); returns the in-flight accumulator."""
+    HALF0: gl.constexpr = (N_DT - 1) // 2
+    base = s * N_DT
+    st = gl.zeros([BLOCK_N, R], gl.float32, MMA)
+    mbarrier.wait(ready.index(2 * s), ph)
+    for c in gl.static_range(HALF0):
+        st = warpgroup_mma(kv_smem.index(base + c).reshape([BLOCK_N, _DT]),
+                           q_smem.index(c + zero).reshape([_BM, _DT]).slice(0, R).permute((1, 0)), st,
+                           is_async=True)
+    mbarrier.wait(ready.index(2 * s + 1), ph)
+    for c in gl.static_range(HALF0, N_DT - 1):
+        st = warpgroup_mma(kv_smem.index(base + c).reshape([BLOCK_N, _DT]),
+                           q_smem.index(c + zero).reshape([_BM, _DT]).slice(0, R).permute((1, 0)), st,
+                           is_async=True)
+    st = warpgroup_mma(kv_smem.index(base + N_DT - 1).reshape([BLOCK_N, _DT]),
+                       sp_smem.index(1).slice(0, R).permute((1, 0)), st, is_async=True)
+    return st
+
+
+@gluon.jit
+def _swapab_store(acc, t: gl.constexpr, inv_l, base, cols, mask, DT: gl.constexpr):
+    """Output tile ``t`` of a group (``acc``: O^T ``[64 columns, R rows]``) scaled by ``inv_l``
+    to ``base`` (``[1, R]`` pointers of the rows' first column of this group) + ``cols``."""
+    gl.store(base + t * _DT + cols[:, None], (acc * inv_l[None, :]).to(DT), mask=mask)
+
+
+@gluon.jit
+def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
+                     SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
+                     N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
+                     CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, KV_FP8: gl.constexpr,
+                     R: gl.constexpr):
+    """Consumer group WG of the swap-AB schedule (see above): every block's scores, the softmax
+    of the R rows, and O^T's columns ``[WG * LV/2, (WG + 1) * LV/2)``. KV_FP8: the ring holds the
+    fp16 blocks the converter warps wrote; ``k_scale`` scales the scores and o."""
+    (q_smem, kv_smem, sp_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
+     num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
+     stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
+    MMA: gl.constexpr = _wgmma_layout(R)  # [64, R]: S^T, and O^T by 64 columns
+    RQ: gl.constexpr = gl.SliceLayout(0, MMA)  # one value per row (query token, head)
+    KEY: gl.constexpr = gl.SliceLayout(1, MMA)  # one per key of S^T, or per column of O^T
+    V_TILES: gl.constexpr = LV // _DT // 2
+    V0: gl.constexpr = WG * V_TILES
+    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
+    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
+     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
+                                  num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+                                  MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
+                                  VARLEN, False, RQ, R)
+    if KV_FP8:
+        v_scale = gl.load(K_Scale)
+        qk_scale = qk_scale * v_scale  # scores of a dequantized cache: q . (k * k_scale)
+    else:
+        v_scale = 1.0
+    # My P^T: half of P tile 0 (tile 1 keeps Q's rope tile for every block's scores).
+    PT_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * R, element_bitwidth=16)
+    pt = sp_smem.index(0).reinterpret(sp_smem.dtype, [2 * BLOCK_N, R], PT_L).slice(WG * BLOCK_N, BLOCK_N)
+    acc0 = gl.zeros([_DT, R], gl.float32, MMA)  # my O^T half, by 64 columns
+    acc1 = gl.zeros([_DT, R], gl.float32, MMA)
+    acc2 = gl.zeros([_DT, R], gl.float32, MMA)
+    acc3 = gl.zeros([_DT, R], gl.float32, MMA)
+    l_i = gl.zeros([R], gl.float32, RQ)
+    m_i = gl.full([R], float("-inf"), gl.float32, RQ)
+    nz = (seq_len < 0).to(gl.int32)  # an opaque zero (see _consumer_alt)
+    for j in range(n_blocks):
+        zero = j * nz
+        s = j % 2 + zero
+        ph = (j // 2) & 1
+        start = split_start + j * BLOCK_N
+        st = _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
+        st = warpgroup_mma_wait(0, deps=(st, ))
+        mbarrier.arrive(empty.index(2 * s + 1 - WG), count=1)  # the other group's half: my scores are done
+        sc = st * qk_scale
+        if start + BLOCK_N > full_end:  # keys past a row's limit or the split's end
+            keys = start + gl.arange(0, BLOCK_N, layout=KEY)
+            sc = gl.where(keys[:, None] < lim[None, :], sc, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(sc - m_safe[None, :])
+        l_i = l_i * alpha + gl.sum(p, axis=0)
+        m_i = m_new
+        acc0 = acc0 * alpha[None, :]
+        acc1 = acc1 * alpha[None, :]
+        acc2 = acc2 * alpha[None, :]
+        acc3 = acc3 * alpha[None, :]
+        if start + BLOCK_N > kv_end:
+            # Keys past the end have P = 0, but V rows there may hold anything (0 * NaN). The
+            # other group may still be reading these rows for its scores: those are masked.
+            _zero_v_tail(kv_smem, s * N_DT, V0, V_TILES, kv_end - start, BLOCK_N)
+        pt.store(p.to(pt.dtype))
+        fence_async_shared()
+        _barrier()  # every warp's P^T rows written before the wgmmas read them
+        vb = s * N_DT + V0
+        t0 = warpgroup_mma(kv_smem.index(vb + 0).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc0, is_async=True)
+        t1 = warpgroup_mma(kv_smem.index(vb + 1).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc1, is_async=True)
+        t2 = warpgroup_mma(kv_smem.index(vb + 2).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc2, is_async=True)
+        t3 = warpgroup_mma(kv_smem.index(vb + 3).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc3, is_async=True)
+        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+        mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half: my P^T V^T is done with it
+
+    has_key = l_i > 0.0
+    inv_l = gl.where(has_key, v_scale / gl.where(has_key, l_i, 1.0), 0.0)
+    inv_l = gl.where(marked, float("nan"), inv_l)
+    lse = gl.where(has_key, (m_i + gl.log2(gl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
+    lse = gl.where(marked, float("nan"), lse)
+    rows = gl.arange(0, R, layout=RQ)
+    tok = tok0 + rows // HEAD_BOX
+    head = head0 + rows % HEAD_BOX
+    row_valid = tok < qlen_b
+    q_row = (_first_row(row_base, qlen, VARLEN) + tok).to(gl.int64)
+    cols = gl.arange(0, _DT, layout=KEY)
+    mask = row_valid[None, :] & (cols[:, None] < _DT)
+    col0 = WG * (LV // 2)
+    if SINGLE:
+        base = (O + q_row * stride_om + head * stride_oh + col0)[None, :]
+        DT: gl.constexpr = O.dtype.element_ty
+    else:
+        base = (Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + col0)[None, :]
+        DT: gl.constexpr = gl.float32
+    _swapab_store(acc0, 0, inv_l, base, cols, mask, DT)
+    _swapab_store(acc1, 1, inv_l, base, cols, mask, DT)
+    _swapab_store(acc2, 2, inv_l, base, cols, mask, DT)
+    _swapab_store(acc3, 3, inv_l, base, cols, mask, DT)
+    if WG == 0:
+        if SINGLE:
+            gl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=row_valid)
+        else:
+            gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV, lse,
+                     mask=row_valid)
+
+
+@gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
+                              "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
+                              "page_size", "num_pages", "kv_capacity", "cp_rank", "num_rows"],
+           do_not_specialize_on_alignment=["Qo_Indptr"])
+def _verify_stage1_swapab(
+    q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse, K_Scale,
+    stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
+    num_kv_splits, qlen, num_heads, page_size, num_pages, kv_capacity, cp_rank,
+    LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROWS: gl.constexpr = 32,
+    CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
+    Qo_Indptr=None, num_rows=None, VARLEN: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
+):
+    """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
+    trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
+    first of its one 64-row block. An fp8 cache runs the alt kernel's converter partition."""
+    _launch_dependents(LAUNCH_DEPENDENTS)
+    N_DT: gl.constexpr = LK // _DT
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
+    gl.static_assert(ROWS == 16 or ROWS == 32)
+    q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # [stage * 2 + half]
+    empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(4):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both groups read every tile (scores)
+    q_conv, staged = _converter_barriers(q_bar, ready, 4, KV_FP8)
+
+    shared = (q_smem, kv_smem, sp_smem, q_conv, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
+              num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
+              stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s)
+    gl.warp_specialize([
+        (_consumer_swapab, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, ROWS)),
+        (_consumer_swapab, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, ROWS)),
+        (_fill_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
+                     Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
+                     TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
+                     CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, False, KV_FP8)),
+    ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(4):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
     _invalidate_converter_barriers(q_conv, staged, 4, KV_FP8)
 
 

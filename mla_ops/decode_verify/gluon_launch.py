@@ -33,6 +33,7 @@ __all__ = [
     "gluon_unsupported_shape",
     "gluon_unsupported_reason",
     "gluon_row_blocks",
+    "swapab_takes",
     "launch_verify_stage1_gluon",
 ]
 
@@ -73,7 +74,10 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # ring parts refilled at their last reader: _verify_stage1_seesaw) or "redundant" (both
     # groups compute every block's scores, no exchange: _verify_stage1_ws). fp8 caches: "alt"
     # and "seesaw" with converter warps that dequantize each block in its ring stage,
-    # "redundant" (the consumer groups dequantize into one fp16 tile).
+    # "redundant" (the consumer groups dequantize into one fp16 tile). Either cache: "swapab"
+    # where a request's rows fit in 32 (qlen * H <= 32, H < 64; no draft trees), the 64 keys of
+    # a block as the wgmma's M and the rows as its N (_verify_stage1_swapab); "alt" runs the
+    # launches it does not take.
     "SCHEDULE": "alt",
     # "alt" only: a group issues the score wgmmas of its next block before it waits for the other
     # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
@@ -100,6 +104,12 @@ _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
 
 # The kernels (None where they do not import) and gluon_available(): None, or why not.
 _gk, gluon_available = load_kernels(__package__)
+
+
+def swapab_takes(qlen: int, num_heads: int, tree: bool) -> bool:
+    """Whether the "swapab" schedule runs a launch of these facts: a request's rows (qlen * H,
+    H < 64) fit in its 32 wgmma columns and there is no draft tree ("alt" runs the others)."""
+    return num_heads < 64 and qlen * num_heads <= 32 and not tree
 
 
 def gluon_row_blocks(qlen: int, num_heads: int) -> int:
@@ -132,9 +142,9 @@ def gluon_unsupported_shape(device: torch.device, q_dtype: torch.dtype, kv_dtype
         return f"SPLIT_ALIGN {c['SPLIT_ALIGN']} must be a multiple of BLOCK_N {c['BLOCK_N']}"
     if c["NUM_STAGES"] < 2:
         return "NUM_STAGES must be >= 2"
-    if c["SCHEDULE"] not in ("alt", "seesaw", "redundant"):
-        return f"SCHEDULE {c['SCHEDULE']!r}: 'alt', 'seesaw' or 'redundant'"
-    if c["SCHEDULE"] in ("alt", "seesaw") and c["NUM_STAGES"] != 2:
+    if c["SCHEDULE"] not in ("alt", "seesaw", "redundant", "swapab"):
+        return f"SCHEDULE {c['SCHEDULE']!r}: 'alt', 'seesaw', 'redundant' or 'swapab'"
+    if c["SCHEDULE"] in ("alt", "seesaw", "swapab") and c["NUM_STAGES"] != 2:
         return f"SCHEDULE {c['SCHEDULE']!r} is written for NUM_STAGES 2"
     why = sm90_reason(device)
     if why:
@@ -228,19 +238,27 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     grid = (gluon_row_blocks(qlen, num_heads) * batch * num_kv_splits,)
     fp8 = k_buffer.dtype == torch.float8_e4m3fn
     kernel = _gk._verify_stage1_ws
-    if c["SCHEDULE"] == "alt":
+    schedule = c["SCHEDULE"]
+    if schedule == "swapab" and not swapab_takes(qlen, num_heads, tree_mask is not None):
+        schedule = "alt"
+    if schedule == "swapab":
+        kernel = _gk._verify_stage1_swapab
+    elif schedule == "alt":
         kernel = _gk._verify_stage1_alt
-    elif c["SCHEDULE"] == "seesaw":
+    elif schedule == "seesaw":
         kernel = _gk._verify_stage1_seesaw
     extra = {}
     if kernel is _gk._verify_stage1_alt:
         extra = {"QK_FIRST": bool(c["QK_FIRST"]), "EARLY_RELEASE": bool(c["EARLY_RELEASE"])}
     elif kernel is _gk._verify_stage1_seesaw:
         extra = {"STAGE_ORDER": bool(c["STAGE_ORDER"]), "STAGE_PRODUCERS": bool(c["STAGE_PRODUCERS"])}
-    if c["STAGE_OUT"] and kernel is not _gk._verify_stage1_ws:
+    elif kernel is _gk._verify_stage1_swapab:
+        extra = {"ROWS": 16 if qlen * num_heads <= 16 else 32}
+    if c["STAGE_OUT"] and kernel not in (_gk._verify_stage1_ws, _gk._verify_stage1_swapab):
         extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
-    filler_regs = c["CONVERTER_REGS"] if fp8 and kernel is _gk._verify_stage1_alt else c["PRODUCER_REGS"]
+    filler_regs = (c["CONVERTER_REGS"] if fp8 and kernel in (_gk._verify_stage1_alt, _gk._verify_stage1_swapab)
+                   else c["PRODUCER_REGS"])
     launch(kernel, grid,
         q_desc, k_desc, exp2_scale(sm_scale), req_to_token, seq_lens,
         real_lens if has_real else seq_lens, ws_arg, o, lse, k_scale,
