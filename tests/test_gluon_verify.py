@@ -38,7 +38,7 @@ FP8 = torch.float8_e4m3fn
 # The Gluon configs of the sm_90 table (each rule's stage-1 keys over the family's defaults);
 # the schedules (alt, alt with QK_FIRST, seesaw with STAGE_PRODUCERS, with and without
 # STAGE_ORDER, redundant; fp8: alt with EARLY_RELEASE and redundant) are all compiled for each
-# (the seesaw's fp8 forms once each, below).
+# (the seesaw's fp8 forms and the swap-AB schedule's once each, below).
 def _table_configs() -> dict:
     from mla_ops import tuning
 
