@@ -283,6 +283,18 @@ def test_offline_compile_sm90a(variant, offline_reports):
 
 # --- which launches the Gluon family takes (CPU: the GPU is the mocked platform) ------------------
 
+
+@pytest.mark.parametrize("qlen,heads,tree,ragged,takes", [
+    (1, 16, False, False, True), (2, 16, False, False, True), (1, 32, False, False, True),
+    (4, 8, False, False, True), (3, 16, False, False, False), (2, 32, False, False, False),
+    (1, 64, False, False, False), (1, 128, False, False, False), (2, 16, True, False, False),
+    (2, 16, False, True, False)])
+def test_swapab_takes_requests_of_at_most_32_rows(qlen, heads, tree, ragged, takes):
+    """The swap-AB schedule runs a launch whose requests have at most 32 rows (H < 64), without
+    draft trees or ragged draft counts; the launcher runs alt for the others (a config or
+    table rule naming it stays valid for every launch)."""
+    assert gla.swapab_takes(qlen, heads, tree, ragged) is takes
+
 # (mocked arch, page size, the reason contains; None: the family covers the launch)
 ROUTES = [("sm_90", 64, None), ("sm_90", 128, None), ("sm_90", 16, "page_size 16"),
           ("sm_90", 32, "page_size 32"), ("sm_90", 96, "page_size 96"),

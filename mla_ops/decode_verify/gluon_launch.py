@@ -75,9 +75,9 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # groups compute every block's scores, no exchange: _verify_stage1_ws). fp8 caches: "alt"
     # and "seesaw" with converter warps that dequantize each block in its ring stage,
     # "redundant" (the consumer groups dequantize into one fp16 tile). Either cache: "swapab"
-    # where a request's rows fit in 32 (qlen * H <= 32, H < 64; no draft trees), the 64 keys of
-    # a block as the wgmma's M and the rows as its N (_verify_stage1_swapab); "alt" runs the
-    # launches it does not take.
+    # where a request's rows fit in 32 (``swapab_takes``), the 64 keys of a block as the
+    # wgmma's M and the rows as its N (_verify_stage1_swapab); "alt" runs the launches it does
+    # not take.
     "SCHEDULE": "alt",
     # "alt" only: a group issues the score wgmmas of its next block before it waits for the other
     # group's P (they overlap the other group's softmax) instead of after its P.V wgmma on it.
@@ -106,10 +106,12 @@ _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
 _gk, gluon_available = load_kernels(__package__)
 
 
-def swapab_takes(qlen: int, num_heads: int, tree: bool) -> bool:
+def swapab_takes(qlen: int, num_heads: int, tree: bool, ragged: bool) -> bool:
     """Whether the "swapab" schedule runs a launch of these facts: a request's rows (qlen * H,
-    H < 64) fit in its 32 wgmma columns and there is no draft tree ("alt" runs the others)."""
-    return num_heads < 64 and qlen * num_heads <= 32 and not tree
+    H < 64) fit in its 32 wgmma columns, with neither a draft tree (the kernel has no tree
+    mask) nor ragged draft counts (its ``qo_indptr`` path compiles but has not run on a GPU
+    yet); "alt" runs the others."""
+    return num_heads < 64 and qlen * num_heads <= 32 and not tree and not ragged
 
 
 def gluon_row_blocks(qlen: int, num_heads: int) -> int:
