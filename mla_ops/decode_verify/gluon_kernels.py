@@ -30,6 +30,11 @@ page stride), each block as 9 column tiles ``[BLOCK_N, 64]`` into a 2-stage ring
 - ``_verify_stage1_ws`` ("redundant"): each group computes the scores of every block itself
   (the same wgmmas: 53% of the FLOPs done twice), the online softmax in registers and its half
   of ``P V`` with P from registers; the groups never wait for each other.
+- ``_verify_stage1_swapab`` ("swapab": bf16 requests of at most 32 rows where the sm_90 table
+  picks it; fp8 as a config): the block's 64 keys are the wgmma's M and the request's 16 or
+  32 rows its N (``S^T = K Q^T``, ``O^T += V^T P^T``), each group computing the scores itself
+  as in the redundant kernel; the alt kernel's ring and fill partition. See the comment above
+  ``_swapab_scores``.
 
 fp8 (e4m3) caches (``KV_FP8``). As in the portable kernel, an fp8 cache's dots run in fp16
 (every e4m3 value is exact in fp16; fp8 -> fp16 is one cvt per two values, fp8 -> bf16 three):
