@@ -284,16 +284,43 @@ def test_offline_compile_sm90a(variant, offline_reports):
 # --- which launches the Gluon family takes (CPU: the GPU is the mocked platform) ------------------
 
 
-@pytest.mark.parametrize("qlen,heads,tree,ragged,takes", [
-    (1, 16, False, False, True), (2, 16, False, False, True), (1, 32, False, False, True),
-    (4, 8, False, False, True), (3, 16, False, False, False), (2, 32, False, False, False),
-    (1, 64, False, False, False), (1, 128, False, False, False), (2, 16, True, False, False),
-    (2, 16, False, True, False)])
-def test_swapab_takes_requests_of_at_most_32_rows(qlen, heads, tree, ragged, takes):
+@pytest.mark.parametrize("qlen,heads,tree,ragged,cp,takes", [
+    (1, 16, False, False, False, True), (2, 16, False, False, False, True), (1, 32, False, False, False, True),
+    (4, 8, False, False, False, True), (3, 16, False, False, False, False), (2, 32, False, False, False, False),
+    (1, 64, False, False, False, False), (1, 128, False, False, False, False), (2, 16, True, False, False, False),
+    (2, 16, False, True, False, False), (2, 16, False, False, True, False)])
+def test_swapab_takes_requests_of_at_most_32_rows(qlen, heads, tree, ragged, cp, takes):
     """The swap-AB schedule runs a launch whose requests have at most 32 rows (H < 64), without
-    draft trees or ragged draft counts; the launcher runs alt for the others (a config or
-    table rule naming it stays valid for every launch)."""
-    assert gla.swapab_takes(qlen, heads, tree, ragged) is takes
+    draft trees, ragged draft counts or context parallelism; the launcher runs alt for the
+    others (a config or table rule naming it stays valid for every launch)."""
+    assert gla.swapab_takes(qlen, heads, tree=tree, ragged=ragged, context_parallel=cp) is takes
+
+
+@pytest.mark.parametrize("qlen,heads,tree,kernel,rows", [
+    (2, 16, False, "_verify_stage1_swapab", 32), (1, 16, False, "_verify_stage1_swapab", 16),
+    (1, 32, False, "_verify_stage1_swapab", 32), (3, 16, False, "_verify_stage1_alt", None),
+    (2, 16, True, "_verify_stage1_alt", None)])
+def test_swapab_config_launches_the_kernel_that_takes_it(qlen, heads, tree, kernel, rows, monkeypatch):
+    """The launcher with ``SCHEDULE: swapab`` (CPU: descriptors and the launch recorded, not
+    run): the swap-AB kernel with ROWS 16 / 32 where ``swapab_takes``, the alt kernel (with its
+    own keys) otherwise."""
+    if gla._gk is None:
+        pytest.skip("the Gluon kernels do not import here")
+    seen = {}
+    monkeypatch.setattr(gla, "_descriptors", lambda *a: ("q_desc", "k_desc"))
+    monkeypatch.setattr(gla, "launch", lambda fn, grid, *args, **kw: seen.update(fn=fn, kw=kw))
+    B, page = 2, 64
+    q = torch.randn(B * qlen, heads, LK, dtype=torch.bfloat16)
+    k = torch.randn(4, page, 1, LK, dtype=torch.bfloat16)
+    table = torch.zeros(B, 4, dtype=torch.int32)
+    lens = torch.full((B,), 100, dtype=torch.int32)
+    o = torch.empty(B * qlen, heads, LV, dtype=torch.bfloat16)
+    lse = torch.empty(B * qlen, heads, dtype=torch.float32)
+    tree_mask = torch.ones(B * qlen, qlen, dtype=torch.int64) if tree else None
+    gla.launch_verify_stage1_gluon(q, k, torch.ones(()), table, lens, lens, False, o, lse, None, qlen, 1, 0.1,
+                                   page, LV, {"SCHEDULE": "swapab"}, tree_mask=tree_mask)
+    assert seen["fn"] is getattr(gla._gk, kernel)
+    assert seen["kw"].get("ROWS") == rows
 
 # (mocked arch, page size, the reason contains; None: the family covers the launch)
 ROUTES = [("sm_90", 64, None), ("sm_90", 128, None), ("sm_90", 16, "page_size 16"),

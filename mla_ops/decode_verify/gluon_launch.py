@@ -106,12 +106,13 @@ _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
 _gk, gluon_available = load_kernels(__package__)
 
 
-def swapab_takes(qlen: int, num_heads: int, tree: bool, ragged: bool) -> bool:
+def swapab_takes(qlen: int, num_heads: int, *, tree: bool, ragged: bool, context_parallel: bool) -> bool:
     """Whether the "swapab" schedule runs a launch of these facts: a request's rows (qlen * H,
-    H < 64) fit in its 32 wgmma columns, with neither a draft tree (the kernel has no tree
-    mask) nor ragged draft counts (its ``qo_indptr`` path compiles but has not run on a GPU
-    yet); "alt" runs the others."""
-    return num_heads < 64 and qlen * num_heads <= 32 and not tree and not ragged
+    H < 64) fit in its 32 wgmma columns, without a draft tree (the kernel has no tree mask),
+    ragged draft counts or context parallelism (its ``qo_indptr`` and rank paths compile, but
+    have not run on a GPU yet); "alt" runs the others."""
+    return (num_heads < 64 and qlen * num_heads <= 32 and not tree and not ragged
+            and not context_parallel)
 
 
 def gluon_row_blocks(qlen: int, num_heads: int) -> int:
@@ -241,7 +242,8 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     fp8 = k_buffer.dtype == torch.float8_e4m3fn
     kernel = _gk._verify_stage1_ws
     schedule = c["SCHEDULE"]
-    if schedule == "swapab" and not swapab_takes(qlen, num_heads, tree_mask is not None):
+    if schedule == "swapab" and not swapab_takes(qlen, num_heads, tree=tree_mask is not None,
+                                                 ragged=qo_indptr is not None, context_parallel=cp_world > 1):
         schedule = "alt"
     if schedule == "swapab":
         kernel = _gk._verify_stage1_swapab
