@@ -1177,6 +1177,19 @@ def _store_staged(WG: gl.constexpr, kv_smem, acc0, acc1, acc2, acc3, inv_l, base
 
 
 @gluon.jit
+def _final_scales(l_i, m_i, v_scale, marked):
+    """A split's (or the launch's) end for each row: ``(v_scale / l, lse)`` from the row sums
+    and the running max (base 2); a row that saw no key gets 0 and -inf, a marked request NaN
+    in both."""
+    has_key = l_i > 0.0
+    inv_l = gl.where(has_key, v_scale / gl.where(has_key, l_i, 1.0), 0.0)
+    inv_l = gl.where(marked, float("nan"), inv_l)
+    lse = gl.where(has_key, (m_i + gl.log2(gl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
+    lse = gl.where(marked, float("nan"), lse)
+    return inv_l, lse
+
+
+@gluon.jit
 def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
                tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
@@ -1188,11 +1201,8 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, mark
     the group's V half of the ring, ``_store_staged``."""
     ROW: gl.constexpr = gl.SliceLayout(1, MMA)
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
-    has_key = l_i > 0.0
-    inv_l = gl.where(has_key, v_scale / gl.where(has_key, l_i, 1.0), 0.0)
-    inv_l = gl.where(marked, float("nan"), inv_l)[:, None]
-    lse = gl.where(has_key, (m_i + gl.log2(gl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
-    lse = gl.where(marked, float("nan"), lse)
+    inv_l, lse = _final_scales(l_i, m_i, v_scale, marked)
+    inv_l = inv_l[:, None]
     rows = gl.arange(0, _BM, layout=ROW)
     tok = tok0 + rows // HEAD_BOX
     head = head0 + rows % HEAD_BOX
@@ -1464,11 +1474,7 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
         mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half: my P^T V^T is done with it
 
-    has_key = l_i > 0.0
-    inv_l = gl.where(has_key, v_scale / gl.where(has_key, l_i, 1.0), 0.0)
-    inv_l = gl.where(marked, float("nan"), inv_l)
-    lse = gl.where(has_key, (m_i + gl.log2(gl.where(has_key, l_i, 1.0))) * _LN2, float("-inf"))
-    lse = gl.where(marked, float("nan"), lse)
+    inv_l, lse = _final_scales(l_i, m_i, v_scale, marked)
     rows = gl.arange(0, R, layout=RQ)
     tok = tok0 + rows // HEAD_BOX
     head = head0 + rows % HEAD_BOX
