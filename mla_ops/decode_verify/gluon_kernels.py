@@ -1177,6 +1177,16 @@ def _store_staged(WG: gl.constexpr, kv_smem, acc0, acc1, acc2, acc3, inv_l, base
 
 
 @gluon.jit
+def _out_rows(rows, tok0, head0, qlen_b, row_base, qlen, HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr):
+    """Where the block's rows ``rows`` go in o / lse / the split workspace: ``(q_row, head,
+    valid)``, q's row (int64) and head of each, and whether it is one of the request's rows."""
+    tok = tok0 + rows // HEAD_BOX
+    head = head0 + rows % HEAD_BOX
+    q_row = (_first_row(row_base, qlen, VARLEN) + tok).to(gl.int64)
+    return q_row, head, tok < qlen_b
+
+
+@gluon.jit
 def _final_scales(l_i, m_i, v_scale, marked):
     """A split's (or the launch's) end for each row: ``(v_scale / l, lse)`` from the row sums
     and the running max (base 2); a row that saw no key gets 0 and -inf, a marked request NaN
@@ -1203,28 +1213,23 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, mark
     COL: gl.constexpr = gl.SliceLayout(0, MMA)
     inv_l, lse = _final_scales(l_i, m_i, v_scale, marked)
     inv_l = inv_l[:, None]
-    rows = gl.arange(0, _BM, layout=ROW)
-    tok = tok0 + rows // HEAD_BOX
-    head = head0 + rows % HEAD_BOX
-    row_valid = tok < qlen_b
-    q_row = (_first_row(row_base, qlen, VARLEN) + tok).to(gl.int64)
+    q_row, head, row_valid = _out_rows(gl.arange(0, _BM, layout=ROW), tok0, head0, qlen_b, row_base, qlen,
+                                       HEAD_BOX, VARLEN)
     cols = gl.arange(0, _DT, layout=COL)
     mask = row_valid[:, None] & (cols[None, :] < _DT)
     col0 = WG * (LV // 2)
     if STAGE_OUT:
         # 4 warps, each row's 64 values by 32 threads: one row per warp store.
         ST: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
-        rows_st = gl.arange(0, _BM, layout=gl.SliceLayout(1, ST))
-        tok_st = tok0 + rows_st // HEAD_BOX
-        head_st = head0 + rows_st % HEAD_BOX
-        q_row_st = (_first_row(row_base, qlen, VARLEN) + tok_st).to(gl.int64)
+        q_row_st, head_st, valid_st = _out_rows(gl.arange(0, _BM, layout=gl.SliceLayout(1, ST)), tok0, head0,
+                                                qlen_b, row_base, qlen, HEAD_BOX, VARLEN)
         if SINGLE:
             base = O + q_row_st * stride_om + head_st * stride_oh + col0
-            _store_staged(WG, kv_smem, acc0, acc1, acc2, acc3, inv_l, base[:, None], tok_st < qlen_b, ST,
+            _store_staged(WG, kv_smem, acc0, acc1, acc2, acc3, inv_l, base[:, None], valid_st, ST,
                           O.dtype.element_ty)
         else:
             base = Mid + q_row_st * stride_mid_m + head_st * stride_mid_h + pid_s * stride_mid_s + col0
-            _store_staged(WG, kv_smem, acc0, acc1, acc2, acc3, inv_l, base[:, None], tok_st < qlen_b, ST,
+            _store_staged(WG, kv_smem, acc0, acc1, acc2, acc3, inv_l, base[:, None], valid_st, ST,
                           gl.float32)
         if WG == 0:
             if SINGLE:
@@ -1475,11 +1480,8 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half: my P^T V^T is done with it
 
     inv_l, lse = _final_scales(l_i, m_i, v_scale, marked)
-    rows = gl.arange(0, R, layout=RQ)
-    tok = tok0 + rows // HEAD_BOX
-    head = head0 + rows % HEAD_BOX
-    row_valid = tok < qlen_b
-    q_row = (_first_row(row_base, qlen, VARLEN) + tok).to(gl.int64)
+    q_row, head, row_valid = _out_rows(gl.arange(0, R, layout=RQ), tok0, head0, qlen_b, row_base, qlen, HEAD_BOX,
+                                       VARLEN)
     cols = gl.arange(0, _DT, layout=KEY)
     mask = row_valid[None, :] & (cols[:, None] < _DT)
     col0 = WG * (LV // 2)
