@@ -1187,6 +1187,16 @@ def _out_rows(rows, tok0, head0, qlen_b, row_base, qlen, HEAD_BOX: gl.constexpr,
 
 
 @gluon.jit
+def _store_lse(lse, q_row, head, valid, Lse, Mid, pid_s, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+               stride_mid_s, LV: gl.constexpr, SINGLE: gl.constexpr):
+    """The rows' lse: into ``Lse`` (one split), or after the split's partial o in ``Mid``."""
+    if SINGLE:
+        gl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=valid)
+    else:
+        gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV, lse, mask=valid)
+
+
+@gluon.jit
 def _final_scales(l_i, m_i, v_scale, marked):
     """A split's (or the launch's) end for each row: ``(v_scale / l, lse)`` from the row sums
     and the running max (base 2); a row that saw no key gets 0 and -inf, a marked request NaN
@@ -1232,11 +1242,8 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, mark
             _store_staged(WG, kv_smem, acc0, acc1, acc2, acc3, inv_l, base[:, None], valid_st, ST,
                           gl.float32)
         if WG == 0:
-            if SINGLE:
-                gl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=row_valid)
-            else:
-                gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV, lse,
-                         mask=row_valid)
+            _store_lse(lse, q_row, head, row_valid, Lse, Mid, pid_s, stride_lm, stride_lh, stride_mid_m,
+                       stride_mid_h, stride_mid_s, LV, SINGLE)
     elif SINGLE:
         p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + col0 + cols[None, :]
         gl.store(p_o, (acc0 * inv_l).to(O.dtype.element_ty), mask=mask)
@@ -1244,7 +1251,8 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, mark
         gl.store(p_o + 2 * _DT, (acc2 * inv_l).to(O.dtype.element_ty), mask=mask)
         gl.store(p_o + 3 * _DT, (acc3 * inv_l).to(O.dtype.element_ty), mask=mask)
         if WG == 0:
-            gl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=row_valid)
+            _store_lse(lse, q_row, head, row_valid, Lse, Mid, pid_s, stride_lm, stride_lh, stride_mid_m,
+                       stride_mid_h, stride_mid_s, LV, True)
     else:
         p_m = (Mid + q_row[:, None] * stride_mid_m + head[:, None] * stride_mid_h
                + pid_s * stride_mid_s + col0 + cols[None, :])
@@ -1253,8 +1261,8 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, mark
         gl.store(p_m + 2 * _DT, acc2 * inv_l, mask=mask)
         gl.store(p_m + 3 * _DT, acc3 * inv_l, mask=mask)
         if WG == 0:
-            gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV, lse,
-                     mask=row_valid)
+            _store_lse(lse, q_row, head, row_valid, Lse, Mid, pid_s, stride_lm, stride_lh, stride_mid_m,
+                       stride_mid_h, stride_mid_s, LV, False)
 
 
 @gluon.jit
@@ -1496,11 +1504,8 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     _swapab_store(acc2, 2, inv_l, base, cols, mask, DT)
     _swapab_store(acc3, 3, inv_l, base, cols, mask, DT)
     if WG == 0:
-        if SINGLE:
-            gl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=row_valid)
-        else:
-            gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV, lse,
-                     mask=row_valid)
+        _store_lse(lse, q_row, head, row_valid, Lse, Mid, pid_s, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+                   stride_mid_s, LV, SINGLE)
 
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
