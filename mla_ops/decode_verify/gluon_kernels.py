@@ -33,8 +33,9 @@ page stride), each block as 9 column tiles ``[BLOCK_N, 64]`` into a 2-stage ring
 - ``_verify_stage1_swapab`` ("swapab": bf16 requests of at most 32 rows where the sm_90 table
   picks it; fp8 as a config): the block's 64 keys are the wgmma's M and the request's 16 or
   32 rows its N (``S^T = K Q^T``, ``O^T += V^T P^T``), each group computing the scores itself
-  as in the redundant kernel; the alt kernel's ring and fill partition. See the comment above
-  ``_swapab_scores``.
+  as in the redundant kernel; the alt kernel's ring and producer warp. With an fp8 cache the
+  converter warps stage blocks in the Q rows the request leaves unread (the comment above
+  ``_staging_tile``). See the comment above ``_swapab_scores``.
 
 fp8 (e4m3) caches (``KV_FP8``). As in the portable kernel, an fp8 cache's dots run in fp16
 (every e4m3 value is exact in fp16; fp8 -> fp16 is one cvt per two values, fp8 -> bf16 three):
@@ -1376,7 +1377,7 @@ def _verify_stage1_alt(
 # QK) and keeps the softmax state of every row, so nothing passes between the groups; a group
 # owns O's columns [256 WG, 256 WG + 256). A ring half is released by both groups (count 2):
 # the other group's half once my scores are done, mine once my P^T V^T is. The ring, Q's tiles
-# and the fill partition (producer warp, or the fp8 converter warps) are the alt kernel's; the
+# and the producer warp are the alt kernel's (fp8: ``_converter_swapab``, below); the
 # two P tiles hold the rope tile of Q (``sp_smem[1]``, read by every block's scores) and the two
 # groups' P^T (``sp_smem[0]``, 4 KB each at R = 32).
 # ---------------------------------------------------------------------------------------------
@@ -1403,144 +1404,6 @@ def _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R: gl.constexpr
     st = warpgroup_mma(kv_smem.index(base + N_DT - 1).reshape([BLOCK_N, _DT]),
                        sp_smem.index(1).slice(0, R).permute((1, 0)), st, is_async=True)
     return st
-
-
-# fp8 caches on the swap-AB schedule. The alt converter stages each fp8 half block in the ring
-# half it will occupy, so a half is refilled only after both groups released it: release -> TMA
-# -> conversion -> ready, one HBM round trip on every block's path. Here the request's R <= 32
-# rows leave the upper 32 rows of every Q tile and of P tile 1 unread (9 x 4 KB: one fp8 block),
-# so blocks from 2 on are staged there as soon as the previous one is converted out of them, and
-# a released ring half waits only for its conversion. Blocks 0 and 1 (the ring is free, Q's
-# copy is still landing in the staging rows) are staged in place as in ``_converter_pair``.
-
-
-@gluon.jit
-def _staging_tile(q_smem, sp_smem, c: gl.constexpr, k_desc, BLOCK_N: gl.constexpr):
-    """fp8 staging tile ``c`` (column tile ``c`` of a block, 4 KB) of the swap-AB converter:
-    rows 32-63 of Q tile ``c``, or of P tile 1 for the rope tile (``c = 8``)."""
-    N_Q: gl.constexpr = q_smem.shape[0]
-    if c < N_Q:
-        q8 = q_smem.reinterpret(k_desc.dtype, [2 * N_Q, 1, BLOCK_N, _DT], k_desc.layout)
-        t = q8.index(2 * c + 1)
-    else:
-        p8 = sp_smem.reinterpret(k_desc.dtype, [4, 1, BLOCK_N, _DT], k_desc.layout)
-        t = p8.index(3)
-    return t
-
-
-@gluon.jit
-def _stage_swapab(k_desc, q_smem, sp_smem, bar, h: gl.constexpr, page, tok, HALF0: gl.constexpr,
-                  BLOCK_N: gl.constexpr):
-    """TMA of half ``h`` of the fp8 block at (``page``, ``tok``) into its staging tiles."""
-    N_DT: gl.constexpr = q_smem.shape[0] + 1
-    T0: gl.constexpr = 0 if h == 0 else HALF0
-    C: gl.constexpr = HALF0 if h == 0 else N_DT - HALF0
-    mbarrier.expect(bar, C * k_desc.block_type.nbytes)
-    for c in gl.static_range(C):
-        tma.async_load(k_desc, [page, tok, (T0 + c) * _DT], bar, _staging_tile(q_smem, sp_smem, T0 + c, k_desc,
-                                                                                 BLOCK_N))
-
-
-@gluon.jit
-def _dequant_staged(q_smem, sp_smem, kv_smem, s, h: gl.constexpr, HALF0: gl.constexpr, k_desc,
-                    BLOCK_N: gl.constexpr):
-    """Half ``h`` of the staged fp8 block -> its fp16 tiles in ring stage ``s``, two tiles per
-    step (different buffers: no barrier between a step's loads and its stores)."""
-    N_DT: gl.constexpr = q_smem.shape[0] + 1
-    T0: gl.constexpr = 0 if h == 0 else HALF0
-    C: gl.constexpr = HALF0 if h == 0 else N_DT - HALF0
-    CV_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [gl.num_warps(), 1], [1, 0])  # 16 B of fp8 per load
-    g0 = s * N_DT + T0
-    for c in gl.static_range(0, C, 2):
-        x0 = _staging_tile(q_smem, sp_smem, T0 + c, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
-        if c + 1 < C:
-            x1 = _staging_tile(q_smem, sp_smem, T0 + c + 1, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
-            kv_smem.index(g0 + c).reshape([BLOCK_N, _DT]).store(x0.to(gl.float16))
-            kv_smem.index(g0 + c + 1).reshape([BLOCK_N, _DT]).store(x1.to(gl.float16))
-        else:
-            kv_smem.index(g0 + c).reshape([BLOCK_N, _DT]).store(x0.to(gl.float16))
-
-
-@gluon.jit
-def _converter_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
-                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                      kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
-                      MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
-                      CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                      VARLEN: gl.constexpr):
-    """4 warps (fp8 caches, swap-AB schedule; see above): Q and blocks 0 and 1 as in
-    ``_converter_pair`` (``staged[0..3]``: the ring's parts), Q to fp16, then block 2 into the
-    staging tiles (``staged[4 + h]``); block i >= 2's half h is dequantized from there into its
-    ring half once both groups released it, and block i + 1's half h staged right after."""
-    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, False)
-    _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
-    req_row = pid_b.to(gl.int64) * stride_req_b
-    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
-    if n_blocks > 0:
-        for b in gl.static_range(2):
-            if b < n_blocks:
-                start = split_start + b * BLOCK_N
-                page = gl.load(Req_to_Token + req_row + start // page_size)
-                _stage_half(k_desc, kv_smem, staged, b, 0, page, start % page_size, HALF0, BLOCK_N)
-                _stage_half(k_desc, kv_smem, staged, b, 1, page, start % page_size, HALF0, BLOCK_N)
-        mbarrier.wait(q_bar, 0)
-        for c in gl.static_range(N_DT - 1):
-            _q_to_fp16(q_smem.index(c).reshape([_BM, _DT]))
-        _q_to_fp16(sp_smem.index(1))
-        fence_async_shared()
-        mbarrier.arrive(q_conv, count=1)
-        if n_blocks > 2:
-            _barrier()  # every warp's Q writes done before the copy engine writes their upper rows
-            start = split_start + 2 * BLOCK_N
-            page = gl.load(Req_to_Token + req_row + start // page_size)
-            _stage_swapab(k_desc, q_smem, sp_smem, staged.index(4), 0, page, start % page_size, HALF0, BLOCK_N)
-            _stage_swapab(k_desc, q_smem, sp_smem, staged.index(5), 1, page, start % page_size, HALF0, BLOCK_N)
-    for i in range(n_blocks):
-        s = i % 2
-        start1 = split_start + (i + 1) * BLOCK_N
-        more = (i >= 2) & (i + 1 < n_blocks)  # block i + 1 goes to the staging tiles after block i
-        page1 = gl.load(Req_to_Token + req_row + start1 // page_size, mask=more, other=0)
-        for h in gl.static_range(2):
-            if i < 2:
-                mbarrier.wait(staged.index(2 * s + h), 0)
-                if h == 0:
-                    _dequant_part(kv_smem, s, 0, HALF0, k_desc, BLOCK_N)
-                else:
-                    _dequant_part(kv_smem, s, HALF0, N_DT - HALF0, k_desc, BLOCK_N)
-            else:
-                mbarrier.wait(staged.index(4 + h), i & 1)
-                mbarrier.wait(empty.index(2 * s + h), ((i // 2) & 1) ^ 1)
-                _dequant_staged(q_smem, sp_smem, kv_smem, s, h, HALF0, k_desc, BLOCK_N)
-            fence_async_shared()
-            mbarrier.arrive(ready.index(2 * s + h), count=1)
-            if more:
-                _barrier()  # every warp's reads of the staging half done before it is refilled
-                _stage_swapab(k_desc, q_smem, sp_smem, staged.index(4 + h), h, page1, start1 % page_size, HALF0,
-                              BLOCK_N)
-
-
-@gluon.jit
-def _fill_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
-                 Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
-                 TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
-                 MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
-                 CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
-                 KV_FP8: gl.constexpr):
-    """The swap-AB kernel's partition that fills the ring: the staging converter warps for an
-    fp8 cache, the alt producer warp otherwise."""
-    if KV_FP8:
-        _converter_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
-                          Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
-                          page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                          cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN)
-    else:
-        _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
-                      Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX,
-                      HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE,
-                      Qo_Indptr, num_rows, VARLEN, False)
 
 
 @gluon.jit
@@ -1697,6 +1560,144 @@ def _verify_stage1_swapab(
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
     _invalidate_converter_barriers(q_conv, staged, 6, KV_FP8)
+
+
+# fp8 caches on the swap-AB schedule. The alt converter stages each fp8 half block in the ring
+# half it will occupy, so a half is refilled only after both groups released it: release -> TMA
+# -> conversion -> ready, one HBM round trip on every block's path. Here the request's R <= 32
+# rows leave the upper 32 rows of every Q tile and of P tile 1 unread (9 x 4 KB: one fp8 block),
+# so blocks from 2 on are staged there as soon as the previous one is converted out of them, and
+# a released ring half waits only for its conversion. Blocks 0 and 1 (the ring is free, Q's
+# copy is still landing in the staging rows) are staged in place as in ``_converter_pair``.
+
+
+@gluon.jit
+def _staging_tile(q_smem, sp_smem, c: gl.constexpr, k_desc, BLOCK_N: gl.constexpr):
+    """fp8 staging tile ``c`` (column tile ``c`` of a block, 4 KB) of the swap-AB converter:
+    rows 32-63 of Q tile ``c``, or of P tile 1 for the rope tile (``c = 8``)."""
+    N_Q: gl.constexpr = q_smem.shape[0]
+    if c < N_Q:
+        q8 = q_smem.reinterpret(k_desc.dtype, [2 * N_Q, 1, BLOCK_N, _DT], k_desc.layout)
+        t = q8.index(2 * c + 1)
+    else:
+        p8 = sp_smem.reinterpret(k_desc.dtype, [4, 1, BLOCK_N, _DT], k_desc.layout)
+        t = p8.index(3)
+    return t
+
+
+@gluon.jit
+def _stage_swapab(k_desc, q_smem, sp_smem, bar, h: gl.constexpr, page, tok, HALF0: gl.constexpr,
+                  BLOCK_N: gl.constexpr):
+    """TMA of half ``h`` of the fp8 block at (``page``, ``tok``) into its staging tiles."""
+    N_DT: gl.constexpr = q_smem.shape[0] + 1
+    T0: gl.constexpr = 0 if h == 0 else HALF0
+    C: gl.constexpr = HALF0 if h == 0 else N_DT - HALF0
+    mbarrier.expect(bar, C * k_desc.block_type.nbytes)
+    for c in gl.static_range(C):
+        tma.async_load(k_desc, [page, tok, (T0 + c) * _DT], bar, _staging_tile(q_smem, sp_smem, T0 + c, k_desc,
+                                                                                 BLOCK_N))
+
+
+@gluon.jit
+def _dequant_staged(q_smem, sp_smem, kv_smem, s, h: gl.constexpr, HALF0: gl.constexpr, k_desc,
+                    BLOCK_N: gl.constexpr):
+    """Half ``h`` of the staged fp8 block -> its fp16 tiles in ring stage ``s``, two tiles per
+    step (different buffers: no barrier between a step's loads and its stores)."""
+    N_DT: gl.constexpr = q_smem.shape[0] + 1
+    T0: gl.constexpr = 0 if h == 0 else HALF0
+    C: gl.constexpr = HALF0 if h == 0 else N_DT - HALF0
+    CV_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [gl.num_warps(), 1], [1, 0])  # 16 B of fp8 per load
+    g0 = s * N_DT + T0
+    for c in gl.static_range(0, C, 2):
+        x0 = _staging_tile(q_smem, sp_smem, T0 + c, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
+        if c + 1 < C:
+            x1 = _staging_tile(q_smem, sp_smem, T0 + c + 1, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
+            kv_smem.index(g0 + c).reshape([BLOCK_N, _DT]).store(x0.to(gl.float16))
+            kv_smem.index(g0 + c + 1).reshape([BLOCK_N, _DT]).store(x1.to(gl.float16))
+        else:
+            kv_smem.index(g0 + c).reshape([BLOCK_N, _DT]).store(x0.to(gl.float16))
+
+
+@gluon.jit
+def _converter_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                      kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                      MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
+                      CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
+                      VARLEN: gl.constexpr):
+    """4 warps (fp8 caches, swap-AB schedule; see above): Q and blocks 0 and 1 as in
+    ``_converter_pair`` (``staged[0..3]``: the ring's parts), Q to fp16, then block 2 into the
+    staging tiles (``staged[4 + h]``); block i >= 2's half h is dequantized from there into its
+    ring half once both groups released it, and block i + 1's half h staged right after."""
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, False)
+    _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
+    req_row = pid_b.to(gl.int64) * stride_req_b
+    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
+    if n_blocks > 0:
+        for b in gl.static_range(2):
+            if b < n_blocks:
+                start = split_start + b * BLOCK_N
+                page = gl.load(Req_to_Token + req_row + start // page_size)
+                _stage_half(k_desc, kv_smem, staged, b, 0, page, start % page_size, HALF0, BLOCK_N)
+                _stage_half(k_desc, kv_smem, staged, b, 1, page, start % page_size, HALF0, BLOCK_N)
+        mbarrier.wait(q_bar, 0)
+        for c in gl.static_range(N_DT - 1):
+            _q_to_fp16(q_smem.index(c).reshape([_BM, _DT]))
+        _q_to_fp16(sp_smem.index(1))
+        fence_async_shared()
+        mbarrier.arrive(q_conv, count=1)
+        if n_blocks > 2:
+            _barrier()  # every warp's Q writes done before the copy engine writes their upper rows
+            start = split_start + 2 * BLOCK_N
+            page = gl.load(Req_to_Token + req_row + start // page_size)
+            _stage_swapab(k_desc, q_smem, sp_smem, staged.index(4), 0, page, start % page_size, HALF0, BLOCK_N)
+            _stage_swapab(k_desc, q_smem, sp_smem, staged.index(5), 1, page, start % page_size, HALF0, BLOCK_N)
+    for i in range(n_blocks):
+        s = i % 2
+        start1 = split_start + (i + 1) * BLOCK_N
+        more = (i >= 2) & (i + 1 < n_blocks)  # block i + 1 goes to the staging tiles after block i
+        page1 = gl.load(Req_to_Token + req_row + start1 // page_size, mask=more, other=0)
+        for h in gl.static_range(2):
+            if i < 2:
+                mbarrier.wait(staged.index(2 * s + h), 0)
+                if h == 0:
+                    _dequant_part(kv_smem, s, 0, HALF0, k_desc, BLOCK_N)
+                else:
+                    _dequant_part(kv_smem, s, HALF0, N_DT - HALF0, k_desc, BLOCK_N)
+            else:
+                mbarrier.wait(staged.index(4 + h), i & 1)
+                mbarrier.wait(empty.index(2 * s + h), ((i // 2) & 1) ^ 1)
+                _dequant_staged(q_smem, sp_smem, kv_smem, s, h, HALF0, k_desc, BLOCK_N)
+            fence_async_shared()
+            mbarrier.arrive(ready.index(2 * s + h), count=1)
+            if more:
+                _barrier()  # every warp's reads of the staging half done before it is refilled
+                _stage_swapab(k_desc, q_smem, sp_smem, staged.index(4 + h), h, page1, start1 % page_size, HALF0,
+                              BLOCK_N)
+
+
+@gluon.jit
+def _fill_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
+                 Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
+                 TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                 MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
+                 CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
+                 KV_FP8: gl.constexpr):
+    """The swap-AB kernel's partition that fills the ring: the staging converter warps for an
+    fp8 cache, the alt producer warp otherwise."""
+    if KV_FP8:
+        _converter_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                          Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+                          page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
+                          cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN)
+    else:
+        _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
+                      Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX,
+                      HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE,
+                      Qo_Indptr, num_rows, VARLEN, False)
 
 
 # ---------------------------------------------------------------------------------------------
