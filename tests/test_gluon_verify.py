@@ -76,7 +76,7 @@ def _filler_regs(cfg: dict, schedule: str, fp8: bool) -> int:
     """Registers of the partition that fills the ring: the producer warp, or the converter
     warps of an fp8 cache on the alt and swap-AB schedules (as ``launch_verify_stage1_gluon``
     picks them; the seesaw's converter warps run in the producer's registers)."""
-    return (cfg["CONVERTER_REGS"] if fp8 and (schedule.startswith("alt") or schedule == "swapab")
+    return (cfg["CONVERTER_REGS"] if fp8 and (schedule.startswith("alt") or schedule.startswith("swapab"))
             else cfg["PRODUCER_REGS"])
 
 
@@ -117,12 +117,15 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs.update(VARLEN=True, HAS_TREE=True)
     fn = {"alt": gk._verify_stage1_alt, "alt-qkfirst": gk._verify_stage1_alt, "alt-early": gk._verify_stage1_alt,
           "alt-pdl": gk._verify_stage1_alt, "seesaw": gk._verify_stage1_seesaw,
-          "swapab": gk._verify_stage1_swapab}.get("seesaw" if schedule.startswith("seesaw") else schedule,
-                                                  gk._verify_stage1_ws)
-    if schedule == "swapab":  # a request's rows in 32 wgmma columns (H16 qlen 2; 16: H16 qlen 1)
+          "swapab": gk._verify_stage1_swapab}.get(
+              "seesaw" if schedule.startswith("seesaw") else "swapab" if schedule.startswith("swapab") else schedule,
+              gk._verify_stage1_ws)
+    if schedule.startswith("swapab"):  # a request's rows in 32 wgmma columns (H16 qlen 2; 16: H16 qlen 1)
         sig.pop("Tree_Mask", None)
         constexprs.pop("HAS_TREE", None)
         constexprs["ROWS"] = 32
+    if schedule == "swapab-blocks":  # the groups take alternate blocks (the config's SWAPAB_BLOCKS)
+        constexprs["ALT_BLOCKS"] = True
     if schedule == "alt-qkfirst":
         constexprs["QK_FIRST"] = True
     if schedule == "alt-early":
@@ -178,6 +181,8 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "seesaw", False, False, False, Tr
 # alt for draft trees, ragged draft counts and context-parallel ranks).
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "swapab", fp8, single, False, False)
              for fp8, single in ((False, False), (True, True))]
+# ... and with the groups taking alternate blocks (SWAPAB_BLOCKS, a config): once, bf16 with splits.
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "swapab-blocks", False, False, False, False)]
 # On a triton the GPU does not run (the unpinned CI job), where spills and serialization are
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
@@ -224,7 +229,8 @@ MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32
              ("alt-pdl", False): 32,
              ("seesaw", False): 48, ("seesaw-prod", False): 48, ("seesaw-stage-prod", False): 120,
              ("alt-early", True): 80, ("seesaw", True): 56, ("seesaw-prod", True): 40,
-             ("seesaw-stage-prod", True): 104, ("swapab", False): 8, ("swapab", True): 40}
+             ("seesaw-stage-prod", True): 104, ("swapab", False): 8, ("swapab", True): 40,
+             ("swapab-blocks", False): 48, ("swapab-blocks", True): 104}
 # (alt-early fp8, the converter partition's kernel: H16 60 bytes, H128 one split 72; in the SASS
 # of H128 the first group and the converter reload nothing inside their loops, the second group
 # about six words per block.)
@@ -234,6 +240,8 @@ MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32
 # fp8 on the seesaw: H16 52 bytes, H128 one split 48 (the 4-warp converter 5 stores, 9 loads in
 # its SASS; the first consumer group keeps 248 registers as for bf16 and spills about nothing);
 # 2 converter warps per stage: 32 / 32, with STAGE_ORDER 100 / 88.)
+# (swapab-blocks: bf16 44 bytes, fp8 88-96, with eight O^T accumulators per group: the first
+# group reloads nothing inside its loop, the second one word per block, read in the SASS.)
 # A context-parallel rank's kernel keeps a few more scalars (rank, local lengths): alt H16 spills
 # 40 bytes, stored before each group's block loop and reloaded after it (read in the SASS).
 CP_EXTRA_SPILL = 16
@@ -480,7 +488,9 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
                                             "STAGE_OUT": 1},
              # keys as the wgmma's M, rows as N (the cases of <= 32 rows per request: H16 q1/q2;
              # the others run alt)
-             "swapab": {"SCHEDULE": "swapab"}}
+             "swapab": {"SCHEDULE": "swapab"},
+             # the same, the two groups taking alternate blocks (all of O^T each, merged at the end)
+             "swapab-blocks": {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1}}
 
 # Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
 # token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
@@ -504,8 +514,9 @@ def test_gluon_matches_reference(case, schedule):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("case", SWAPAB_CASES, ids=[c[0] for c in SWAPAB_CASES])
-def test_gluon_swapab_matches_reference(case):
-    _check_case(case, SCHEDULES["swapab"])
+@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks"])
+def test_gluon_swapab_matches_reference(case, schedule):
+    _check_case(case, SCHEDULES[schedule])
 
 
 def _check_case(case, cfg):
@@ -538,8 +549,9 @@ def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_gluon_swapab_cuda_graph_replay_new_inputs(fp8):
-    _graph_replay(fp8, SCHEDULES["swapab"], qlen=2)
+@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks"])
+def test_gluon_swapab_cuda_graph_replay_new_inputs(fp8, schedule):
+    _graph_replay(fp8, SCHEDULES[schedule], qlen=2)
 
 
 def _graph_replay(fp8, cfg=None, qlen=3):

@@ -1509,6 +1509,151 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                    stride_mid_s, LV, SINGLE)
 
 
+@gluon.jit
+def _x_tile(kv_smem, WG: gl.constexpr, t: gl.constexpr, R: gl.constexpr):
+    """The fp32 ``[64, R]`` shared tile where group WG leaves O^T tile ``t`` (0-3) of the other
+    group's columns for the merge (``ALT_BLOCKS``): inside WG's own ring stage, which only WG
+    reads and nothing refills past its last block."""
+    N_X: gl.constexpr = kv_smem.shape[0] * kv_smem.shape[2] * kv_smem.shape[3] // (2 * _DT * R)
+    X_L: gl.constexpr = gl.SwizzledSharedLayout(2, 1, 8, [1, 0])
+    return kv_smem.reinterpret(gl.float32, [N_X, _DT, R], X_L).index(WG * (N_X // 2) + t)
+
+
+@gluon.jit
+def _consumer_swapab_blocks(WG: gl.constexpr, shared, sx_smem, x_bar, TOK_BOX: gl.constexpr,
+                            HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr,
+                            BLOCK_N: gl.constexpr, N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
+                            cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
+                            VARLEN: gl.constexpr, KV_FP8: gl.constexpr, R: gl.constexpr):
+    """Consumer group WG of the swap-AB schedule with ``ALT_BLOCKS``: the blocks of ring stage
+    WG (j = WG, WG + 2, ...), their scores, softmax and all of O^T's 512 columns (eight
+    ``[64, R]`` accumulators), so that each block's scores are computed once and one group's
+    softmax runs under the other's wgmmas. At the end each group leaves its row max, row sums
+    and the other group's columns in shared memory (``sx_smem``, ``_x_tile``), and stores its
+    own columns of the merged partial, as ``_consumer_swapab`` does."""
+    (q_smem, kv_smem, sp_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
+     num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
+     stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
+    MMA: gl.constexpr = _wgmma_layout(R)
+    RQ: gl.constexpr = gl.SliceLayout(0, MMA)
+    KEY: gl.constexpr = gl.SliceLayout(1, MMA)
+    V_TILES: gl.constexpr = LV // _DT
+    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
+    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
+     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
+                                  num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+                                  MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
+                                  VARLEN, False, RQ, R)
+    if KV_FP8:
+        v_scale = gl.load(K_Scale)
+        qk_scale = qk_scale * v_scale
+    else:
+        v_scale = 1.0
+    PT_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * R, element_bitwidth=16)
+    pt = sp_smem.index(0).reinterpret(sp_smem.dtype, [2 * BLOCK_N, R], PT_L).slice(WG * BLOCK_N, BLOCK_N)
+    acc0 = gl.zeros([_DT, R], gl.float32, MMA)  # O^T by 64 columns, all eight
+    acc1 = gl.zeros([_DT, R], gl.float32, MMA)
+    acc2 = gl.zeros([_DT, R], gl.float32, MMA)
+    acc3 = gl.zeros([_DT, R], gl.float32, MMA)
+    acc4 = gl.zeros([_DT, R], gl.float32, MMA)
+    acc5 = gl.zeros([_DT, R], gl.float32, MMA)
+    acc6 = gl.zeros([_DT, R], gl.float32, MMA)
+    acc7 = gl.zeros([_DT, R], gl.float32, MMA)
+    l_i = gl.zeros([R], gl.float32, RQ)
+    m_i = gl.full([R], float("-inf"), gl.float32, RQ)
+    nz = (seq_len < 0).to(gl.int32)  # an opaque zero (see _consumer_alt)
+    for j in range(WG, n_blocks, 2):
+        zero = j * nz
+        s = WG + zero
+        ph = (j // 2) & 1
+        start = split_start + j * BLOCK_N
+        st = _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
+        st = warpgroup_mma_wait(0, deps=(st, ))
+        sc = st * qk_scale
+        if start + BLOCK_N > full_end:
+            keys = start + gl.arange(0, BLOCK_N, layout=KEY)
+            sc = gl.where(keys[:, None] < lim[None, :], sc, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(sc - m_safe[None, :])
+        l_i = l_i * alpha + gl.sum(p, axis=0)
+        m_i = m_new
+        acc0 = acc0 * alpha[None, :]
+        acc1 = acc1 * alpha[None, :]
+        acc2 = acc2 * alpha[None, :]
+        acc3 = acc3 * alpha[None, :]
+        acc4 = acc4 * alpha[None, :]
+        acc5 = acc5 * alpha[None, :]
+        acc6 = acc6 * alpha[None, :]
+        acc7 = acc7 * alpha[None, :]
+        if start + BLOCK_N > kv_end:  # V rows past the end may hold anything (0 * NaN)
+            _zero_v_tail(kv_smem, s * N_DT, 0, V_TILES, kv_end - start, BLOCK_N)
+        pt.store(p.to(pt.dtype))
+        fence_async_shared()
+        _barrier()  # every warp's P^T rows written before the wgmmas read them
+        vb = s * N_DT
+        t0 = warpgroup_mma(kv_smem.index(vb + 0).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc0, is_async=True)
+        t1 = warpgroup_mma(kv_smem.index(vb + 1).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc1, is_async=True)
+        t2 = warpgroup_mma(kv_smem.index(vb + 2).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc2, is_async=True)
+        t3 = warpgroup_mma(kv_smem.index(vb + 3).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc3, is_async=True)
+        t4 = warpgroup_mma(kv_smem.index(vb + 4).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc4, is_async=True)
+        t5 = warpgroup_mma(kv_smem.index(vb + 5).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc5, is_async=True)
+        t6 = warpgroup_mma(kv_smem.index(vb + 6).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc6, is_async=True)
+        t7 = warpgroup_mma(kv_smem.index(vb + 7).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc7, is_async=True)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = warpgroup_mma_wait(
+            0, deps=(t0, t1, t2, t3, t4, t5, t6, t7))
+        mbarrier.arrive(empty.index(2 * s), count=1)  # the block's stage goes back whole
+        mbarrier.arrive(empty.index(2 * s + 1), count=1)
+
+    # The merge of the two groups' halves of the split: m and l, and the other group's columns.
+    if WG == 0:
+        x0, x1, x2, x3 = acc4, acc5, acc6, acc7
+        own0, own1, own2, own3 = acc0, acc1, acc2, acc3
+    else:
+        x0, x1, x2, x3 = acc0, acc1, acc2, acc3
+        own0, own1, own2, own3 = acc4, acc5, acc6, acc7
+    _x_tile(kv_smem, WG, 0, R).store(x0)
+    _x_tile(kv_smem, WG, 1, R).store(x1)
+    _x_tile(kv_smem, WG, 2, R).store(x2)
+    _x_tile(kv_smem, WG, 3, R).store(x3)
+    sx_smem.index(WG).store(m_i)
+    sx_smem.index(2 + WG).store(l_i)
+    mbarrier.arrive(x_bar, count=1)
+    mbarrier.wait(x_bar, 0)
+    m_o = sx_smem.index(1 - WG).load(RQ)
+    l_o = sx_smem.index(3 - WG).load(RQ)
+    m_t = gl.maximum(m_i, m_o)
+    m_safe = gl.where(m_t == float("-inf"), 0.0, m_t)
+    a_me = gl.exp2(m_i - m_safe)
+    a_o = gl.exp2(m_o - m_safe)
+    l_t = l_i * a_me + l_o * a_o
+    own0 = own0 * a_me[None, :] + _x_tile(kv_smem, 1 - WG, 0, R).load(MMA) * a_o[None, :]
+    own1 = own1 * a_me[None, :] + _x_tile(kv_smem, 1 - WG, 1, R).load(MMA) * a_o[None, :]
+    own2 = own2 * a_me[None, :] + _x_tile(kv_smem, 1 - WG, 2, R).load(MMA) * a_o[None, :]
+    own3 = own3 * a_me[None, :] + _x_tile(kv_smem, 1 - WG, 3, R).load(MMA) * a_o[None, :]
+
+    inv_l, lse = _final_scales(l_t, m_t, v_scale, marked)
+    q_row, head, row_valid = _out_rows(gl.arange(0, R, layout=RQ), tok0, head0, qlen_b, row_base, qlen, HEAD_BOX,
+                                       VARLEN)
+    cols = gl.arange(0, _DT, layout=KEY)
+    mask = row_valid[None, :] & (cols[:, None] < _DT)
+    col0 = WG * (LV // 2)
+    if SINGLE:
+        base = (O + q_row * stride_om + head * stride_oh + col0)[None, :]
+        DT: gl.constexpr = O.dtype.element_ty
+    else:
+        base = (Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + col0)[None, :]
+        DT: gl.constexpr = gl.float32
+    _swapab_store(own0, 0, inv_l, base, cols, mask, DT)
+    _swapab_store(own1, 1, inv_l, base, cols, mask, DT)
+    _swapab_store(own2, 2, inv_l, base, cols, mask, DT)
+    _swapab_store(own3, 3, inv_l, base, cols, mask, DT)
+    if WG == 0:
+        _store_lse(lse, q_row, head, row_valid, Lse, Mid, pid_s, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+                   stride_mid_s, LV, SINGLE)
+
+
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                               "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
                               "page_size", "num_pages", "kv_capacity", "cp_rank", "num_rows"],
@@ -1522,10 +1667,13 @@ def _verify_stage1_swapab(
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROWS: gl.constexpr = 32,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, num_rows=None, VARLEN: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
+    ALT_BLOCKS: gl.constexpr = False,
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
     trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
-    first of its one 64-row block. An fp8 cache runs the alt kernel's converter partition."""
+    first of its one 64-row block. An fp8 cache runs the staging converter partition. ALT_BLOCKS:
+    the groups take alternate blocks, each with all of O^T (``_consumer_swapab_blocks``), instead
+    of every block's scores for half of O^T each."""
     _launch_dependents(LAUNCH_DEPENDENTS)
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
@@ -1539,22 +1687,42 @@ def _verify_stage1_swapab(
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # both groups read every tile (scores)
+        # both groups read every tile (scores); with ALT_BLOCKS a stage is one group's
+        mbarrier.init(empty.index(i), count=1 if ALT_BLOCKS else 2)
     q_conv, staged = _converter_barriers(q_bar, ready, 6, KV_FP8)  # 4 ring parts, 2 staging halves
 
     shared = (q_smem, kv_smem, sp_smem, q_conv, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
               num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
               stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s)
-    gl.warp_specialize([
-        (_consumer_swapab, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, ROWS)),
-        (_consumer_swapab, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, ROWS)),
-        (_fill_swapab, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
-                        Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                        kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank,
-                        CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8)),
-    ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if ALT_BLOCKS:
+        # the merge's row max and row sums of both groups: [m0, m1, l0, l1]
+        sx_smem = gl.allocate_shared_memory(gl.float32, [4, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        x_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(x_bar, count=2)
+        gl.warp_specialize([
+            (_consumer_swapab_blocks, (0, shared, sx_smem, x_bar, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN,
+                                       BLOCK_N, N_DT, LV, SINGLE, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
+                                       num_rows, VARLEN, KV_FP8, ROWS)),
+            (_consumer_swapab_blocks, (1, shared, sx_smem, x_bar, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN,
+                                       BLOCK_N, N_DT, LV, SINGLE, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
+                                       num_rows, VARLEN, KV_FP8, ROWS)),
+            (_fill_swapab, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                            Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+                            page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8)),
+        ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
+        mbarrier.invalidate(x_bar)
+    else:
+        gl.warp_specialize([
+            (_consumer_swapab, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, ROWS)),
+            (_consumer_swapab, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, ROWS)),
+            (_fill_swapab, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
+                            Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+                            page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8)),
+        ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(4):
         mbarrier.invalidate(ready.index(i))

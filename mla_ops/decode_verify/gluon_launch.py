@@ -98,6 +98,10 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # straight from the accumulators (8 rows x 32 bytes per store: every sector of the split
     # workspace's 4-byte-aligned rows, Lv + 1 floats, written in two halves).
     "STAGE_OUT": 0,
+    # "swapab" only: the two consumer groups take alternate blocks (a ring stage each), each with
+    # all 512 columns of O^T, merged through shared memory at the split's end, instead of both
+    # computing every block's scores for half of O^T each (gluon_kernels._consumer_swapab_blocks).
+    "SWAPAB_BLOCKS": 0,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -257,7 +261,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     elif kernel is _gk._verify_stage1_seesaw:
         extra = {"STAGE_ORDER": bool(c["STAGE_ORDER"]), "STAGE_PRODUCERS": bool(c["STAGE_PRODUCERS"])}
     elif kernel is _gk._verify_stage1_swapab:
-        extra = {"ROWS": 16 if qlen * num_heads <= 16 else 32}
+        extra = {"ROWS": 16 if qlen * num_heads <= 16 else 32, "ALT_BLOCKS": bool(c["SWAPAB_BLOCKS"])}
     if c["STAGE_OUT"] and kernel not in (_gk._verify_stage1_ws, _gk._verify_stage1_swapab):
         extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
