@@ -177,19 +177,18 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, single, False, True)
                                                   (("alt", False), ("redundant", False),
                                                    ("alt-early", True), ("alt-qkfirst", False)))]
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "seesaw", False, False, False, True)]
-# The swap-AB schedule (H < 64 only): each cache once, splits and one split (the launcher runs
-# alt for draft trees, ragged draft counts and context-parallel ranks).
-VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "swapab", fp8, single, False, False)
-             for fp8, single in ((False, False), (True, True))]
-# ... and with the groups taking alternate blocks (SWAPAB_BLOCKS, a config): once, bf16 with splits.
-VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "swapab-blocks", False, False, False, False)]
+# The swap-AB schedule (H < 64 only) in the table's two forms: bf16 with splits, fp8 with the
+# groups taking alternate blocks (SWAPAB_BLOCKS) and one split (the launcher runs alt for draft
+# trees, ragged draft counts and context-parallel ranks).
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, fp8, single, False, False)
+             for sched, fp8, single in (("swapab", False, False), ("swapab-blocks", True, True))]
 # On a triton the GPU does not run (the unpinned CI job), where spills and serialization are
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
 # constexpr branch of the code compiles, in half the time of the full list.
 BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", True, 128), ("redundant", True, 16),
               ("alt-qkfirst-out", False, 128), ("seesaw-prod-out", False, 128), ("seesaw-stage-prod", False, 16),
-              ("seesaw-prod", True, 128), ("swapab", True, 16)}
+              ("seesaw-prod", True, 128), ("swapab-blocks", True, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
