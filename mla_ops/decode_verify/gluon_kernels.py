@@ -35,7 +35,9 @@ page stride), each block as 9 column tiles ``[BLOCK_N, 64]`` into a 2-stage ring
   32 rows its N (``S^T = K Q^T``, ``O^T += V^T P^T``), each group computing the scores itself
   as in the redundant kernel; the alt kernel's ring and producer warp. With an fp8 cache the
   converter warps stage blocks in the Q rows the request leaves unread (the comment above
-  ``_staging_tile``). See the comment above ``_swapab_scores``.
+  ``_staging_tile``). See the comment above ``_swapab_scores``. ALT_BLOCKS (the config's
+  ``SWAPAB_BLOCKS``, the sm_90 table's fp8 form): the groups take alternate blocks instead, each
+  with all of O^T, merged at the split's end (``_consumer_swapab_blocks``).
 
 fp8 (e4m3) caches (``KV_FP8``). As in the portable kernel, an fp8 cache's dots run in fp16
 (every e4m3 value is exact in fp16; fp8 -> fp16 is one cvt per two values, fp8 -> bf16 three):
