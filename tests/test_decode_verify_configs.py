@@ -222,3 +222,30 @@ def test_reachable_batches_cover_every_config(arch):
                            for b in reachable_batches(qlen, heads)]
                 for batch in range(1, 257):
                     assert select_verify_config(batch, qlen, heads) in reached, (qlen, heads, batch)
+
+
+# (batch, qlen, H, fp8) -> the sm_90 table's Gluon schedule, and SWAPAB_BLOCKS where it is swapab.
+SM90_GLUON_ROUTES = [
+    ((32, 2, 16, False), ("swapab", 0)),  # M2: bf16 of <= 32 rows, both groups score every block
+    ((16, 2, 16, True), ("swapab", 1)),  # M4: fp8 of <= 32 rows, the groups on alternate blocks
+    ((128, 1, 16, True), ("swapab", 1)),
+    ((32, 1, 32, True), ("swapab", 1)),
+    ((128, 1, 32, False), ("swapab", 0)),
+    ((32, 4, 16, True), ("alt", None)),  # 64 rows per request: the converter warps on alt
+    ((16, 2, 128, True), ("alt", None)),  # M7
+    ((128, 4, 16, False), ("seesaw", None)),  # M3
+]
+
+
+@pytest.mark.parametrize("facts,route", SM90_GLUON_ROUTES, ids=[str(f) for f, _ in SM90_GLUON_ROUTES])
+def test_sm_90_gluon_schedules(facts, route):
+    """The sm_90 table's Gluon rules route each class of launch to the schedule its A/B picked
+    (README, "Decode verify"): swap-AB for requests of at most 32 rows, with the groups on
+    alternate blocks only for fp8 caches."""
+    batch, qlen, heads, fp8 = facts
+    with mock_platform("sm_90"):
+        got = select_verify_config(batch, qlen, heads, fp8=fp8, gluon=True)
+    assert got["family"] == "gluon"
+    assert got["SCHEDULE"] == route[0]
+    if route[1] is not None:
+        assert got["SWAPAB_BLOCKS"] == route[1]

@@ -306,10 +306,11 @@ def test_swapab_takes_requests_of_at_most_32_rows(qlen, heads, tree, ragged, cp,
     (2, 16, False, "_verify_stage1_swapab", 32), (1, 16, False, "_verify_stage1_swapab", 16),
     (1, 32, False, "_verify_stage1_swapab", 32), (3, 16, False, "_verify_stage1_alt", None),
     (2, 16, True, "_verify_stage1_alt", None)])
-def test_swapab_config_launches_the_kernel_that_takes_it(qlen, heads, tree, kernel, rows, monkeypatch):
+@pytest.mark.parametrize("blocks", [0, 1])
+def test_swapab_config_launches_the_kernel_that_takes_it(qlen, heads, tree, kernel, rows, blocks, monkeypatch):
     """The launcher with ``SCHEDULE: swapab`` (CPU: descriptors and the launch recorded, not
-    run): the swap-AB kernel with ROWS 16 / 32 where ``swapab_takes``, the alt kernel (with its
-    own keys) otherwise."""
+    run): the swap-AB kernel with ROWS 16 / 32 and ALT_BLOCKS as the config's SWAPAB_BLOCKS
+    where ``swapab_takes``, the alt kernel (with its own keys) otherwise."""
     if gla._gk is None:
         pytest.skip("the Gluon kernels do not import here")
     seen = {}
@@ -324,9 +325,10 @@ def test_swapab_config_launches_the_kernel_that_takes_it(qlen, heads, tree, kern
     lse = torch.empty(B * qlen, heads, dtype=torch.float32)
     tree_mask = torch.ones(B * qlen, qlen, dtype=torch.int64) if tree else None
     gla.launch_verify_stage1_gluon(q, k, torch.ones(()), table, lens, lens, False, o, lse, None, qlen, 1, 0.1,
-                                   page, LV, {"SCHEDULE": "swapab"}, tree_mask=tree_mask)
+                                   page, LV, {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": blocks}, tree_mask=tree_mask)
     assert seen["fn"] is getattr(gla._gk, kernel)
     assert seen["kw"].get("ROWS") == rows
+    assert seen["kw"].get("ALT_BLOCKS") == (bool(blocks) if rows else None)
 
 # (mocked arch, page size, the reason contains; None: the family covers the launch)
 ROUTES = [("sm_90", 64, None), ("sm_90", 128, None), ("sm_90", 16, "page_size 16"),
