@@ -1409,6 +1409,53 @@ def _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R: gl.constexpr
 
 
 @gluon.jit
+def _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N: gl.constexpr, KEY: gl.constexpr):
+    """One block's online softmax in the swap-AB layout (``st``: S^T ``[BLOCK_N keys, R rows]``):
+    keys past a row's limit masked, returns ``(p, alpha, m_i, l_i)`` (P^T unnormalized, each
+    row's rescale of its O^T column, the new running max and row sums)."""
+    sc = st * qk_scale
+    if start + BLOCK_N > full_end:  # keys past a row's limit or the split's end
+        keys = start + gl.arange(0, BLOCK_N, layout=KEY)
+        sc = gl.where(keys[:, None] < lim[None, :], sc, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(sc - m_safe[None, :])
+    l_i = l_i * alpha + gl.sum(p, axis=0)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _swapab_epilogue(WG: gl.constexpr, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base,
+                     pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                     stride_mid_h, stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
+                     VARLEN: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr):
+    """Group WG's columns of o (or the split's partial) from its four O^T tiles, and (group 0)
+    the rows' lse: as ``_store_out`` for the swap-AB layout (rows along N)."""
+    RQ: gl.constexpr = gl.SliceLayout(0, MMA)
+    KEY: gl.constexpr = gl.SliceLayout(1, MMA)
+    inv_l, lse = _final_scales(l_i, m_i, v_scale, marked)
+    q_row, head, row_valid = _out_rows(gl.arange(0, R, layout=RQ), tok0, head0, qlen_b, row_base, qlen, HEAD_BOX,
+                                       VARLEN)
+    cols = gl.arange(0, _DT, layout=KEY)
+    mask = row_valid[None, :] & (cols[:, None] < _DT)
+    col0 = WG * (LV // 2)
+    if SINGLE:
+        base = (O + q_row * stride_om + head * stride_oh + col0)[None, :]
+        DT: gl.constexpr = O.dtype.element_ty
+    else:
+        base = (Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + col0)[None, :]
+        DT: gl.constexpr = gl.float32
+    _swapab_store(own0, 0, inv_l, base, cols, mask, DT)
+    _swapab_store(own1, 1, inv_l, base, cols, mask, DT)
+    _swapab_store(own2, 2, inv_l, base, cols, mask, DT)
+    _swapab_store(own3, 3, inv_l, base, cols, mask, DT)
+    if WG == 0:
+        _store_lse(lse, q_row, head, row_valid, Lse, Mid, pid_s, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+                   stride_mid_s, LV, SINGLE)
+
+
+@gluon.jit
 def _swapab_store(acc, t: gl.constexpr, inv_l, base, cols, mask, DT: gl.constexpr):
     """Output tile ``t`` of a group (``acc``: O^T ``[64 columns, R rows]``) scaled by ``inv_l``
     to ``base`` (``[1, R]`` pointers of the rows' first column of this group) + ``cols``."""
@@ -1461,16 +1508,7 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         st = _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
         st = warpgroup_mma_wait(0, deps=(st, ))
         mbarrier.arrive(empty.index(2 * s + 1 - WG), count=1)  # the other group's half: my scores are done
-        sc = st * qk_scale
-        if start + BLOCK_N > full_end:  # keys past a row's limit or the split's end
-            keys = start + gl.arange(0, BLOCK_N, layout=KEY)
-            sc = gl.where(keys[:, None] < lim[None, :], sc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(sc - m_safe[None, :])
-        l_i = l_i * alpha + gl.sum(p, axis=0)
-        m_i = m_new
+        p, alpha, m_i, l_i = _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N, KEY)
         acc0 = acc0 * alpha[None, :]
         acc1 = acc1 * alpha[None, :]
         acc2 = acc2 * alpha[None, :]
@@ -1490,25 +1528,9 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
         mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half: my P^T V^T is done with it
 
-    inv_l, lse = _final_scales(l_i, m_i, v_scale, marked)
-    q_row, head, row_valid = _out_rows(gl.arange(0, R, layout=RQ), tok0, head0, qlen_b, row_base, qlen, HEAD_BOX,
-                                       VARLEN)
-    cols = gl.arange(0, _DT, layout=KEY)
-    mask = row_valid[None, :] & (cols[:, None] < _DT)
-    col0 = WG * (LV // 2)
-    if SINGLE:
-        base = (O + q_row * stride_om + head * stride_oh + col0)[None, :]
-        DT: gl.constexpr = O.dtype.element_ty
-    else:
-        base = (Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + col0)[None, :]
-        DT: gl.constexpr = gl.float32
-    _swapab_store(acc0, 0, inv_l, base, cols, mask, DT)
-    _swapab_store(acc1, 1, inv_l, base, cols, mask, DT)
-    _swapab_store(acc2, 2, inv_l, base, cols, mask, DT)
-    _swapab_store(acc3, 3, inv_l, base, cols, mask, DT)
-    if WG == 0:
-        _store_lse(lse, q_row, head, row_valid, Lse, Mid, pid_s, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
-                   stride_mid_s, LV, SINGLE)
+    _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0,
+                     qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA)
 
 
 @gluon.jit
@@ -1571,16 +1593,7 @@ def _consumer_swapab_blocks(WG: gl.constexpr, shared, sx_smem, x_bar, TOK_BOX: g
         start = split_start + j * BLOCK_N
         st = _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
         st = warpgroup_mma_wait(0, deps=(st, ))
-        sc = st * qk_scale
-        if start + BLOCK_N > full_end:
-            keys = start + gl.arange(0, BLOCK_N, layout=KEY)
-            sc = gl.where(keys[:, None] < lim[None, :], sc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(sc - m_safe[None, :])
-        l_i = l_i * alpha + gl.sum(p, axis=0)
-        m_i = m_new
+        p, alpha, m_i, l_i = _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N, KEY)
         acc0 = acc0 * alpha[None, :]
         acc1 = acc1 * alpha[None, :]
         acc2 = acc2 * alpha[None, :]
@@ -1635,25 +1648,9 @@ def _consumer_swapab_blocks(WG: gl.constexpr, shared, sx_smem, x_bar, TOK_BOX: g
     own2 = own2 * a_me[None, :] + _x_tile(kv_smem, 1 - WG, 2, R).load(MMA) * a_o[None, :]
     own3 = own3 * a_me[None, :] + _x_tile(kv_smem, 1 - WG, 3, R).load(MMA) * a_o[None, :]
 
-    inv_l, lse = _final_scales(l_t, m_t, v_scale, marked)
-    q_row, head, row_valid = _out_rows(gl.arange(0, R, layout=RQ), tok0, head0, qlen_b, row_base, qlen, HEAD_BOX,
-                                       VARLEN)
-    cols = gl.arange(0, _DT, layout=KEY)
-    mask = row_valid[None, :] & (cols[:, None] < _DT)
-    col0 = WG * (LV // 2)
-    if SINGLE:
-        base = (O + q_row * stride_om + head * stride_oh + col0)[None, :]
-        DT: gl.constexpr = O.dtype.element_ty
-    else:
-        base = (Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + col0)[None, :]
-        DT: gl.constexpr = gl.float32
-    _swapab_store(own0, 0, inv_l, base, cols, mask, DT)
-    _swapab_store(own1, 1, inv_l, base, cols, mask, DT)
-    _swapab_store(own2, 2, inv_l, base, cols, mask, DT)
-    _swapab_store(own3, 3, inv_l, base, cols, mask, DT)
-    if WG == 0:
-        _store_lse(lse, q_row, head, row_valid, Lse, Mid, pid_s, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
-                   stride_mid_s, LV, SINGLE)
+    _swapab_epilogue(WG, own0, own1, own2, own3, l_t, m_t, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0,
+                     qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA)
 
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
