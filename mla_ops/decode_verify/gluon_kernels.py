@@ -828,6 +828,28 @@ def _stage_half(k_desc, kv_smem, staged, s, h: gl.constexpr, page, tok, HALF0: g
 
 
 @gluon.jit
+def _converter_start(k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, n_blocks, split_start, req_row,
+                     Req_to_Token, page_size, HALF0: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
+                     OWNER_FIRST: gl.constexpr):
+    """The converter warps' start (a work item with blocks): blocks 0 and 1 staged in their ring
+    stages (both start free; OWNER_FIRST: a block's owner's half first, as the alt schedule
+    reads them, else half 0 first), then Q, once landed, turned to fp16 in place (``q_conv``)."""
+    for b in gl.static_range(2):
+        if b < n_blocks:
+            start = split_start + b * BLOCK_N
+            page = gl.load(Req_to_Token + req_row + start // page_size)
+            H0: gl.constexpr = b if OWNER_FIRST else 0
+            _stage_half(k_desc, kv_smem, staged, b, H0, page, start % page_size, HALF0, BLOCK_N)
+            _stage_half(k_desc, kv_smem, staged, b, 1 - H0, page, start % page_size, HALF0, BLOCK_N)
+    mbarrier.wait(q_bar, 0)
+    for c in gl.static_range(N_DT - 1):
+        _q_to_fp16(q_smem.index(c).reshape([_BM, _DT]))
+    _q_to_fp16(sp_smem.index(1))
+    fence_async_shared()
+    mbarrier.arrive(q_conv, count=1)
+
+
+@gluon.jit
 def _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                     Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                     kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
@@ -848,18 +870,8 @@ def _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, sta
     req_row = pid_b.to(gl.int64) * stride_req_b
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     if n_blocks > 0:
-        for b in gl.static_range(2):
-            if b < n_blocks:
-                start = split_start + b * BLOCK_N
-                page = gl.load(Req_to_Token + req_row + start // page_size)
-                _stage_half(k_desc, kv_smem, staged, b, b, page, start % page_size, HALF0, BLOCK_N)
-                _stage_half(k_desc, kv_smem, staged, b, 1 - b, page, start % page_size, HALF0, BLOCK_N)
-        mbarrier.wait(q_bar, 0)
-        for c in gl.static_range(N_DT - 1):
-            _q_to_fp16(q_smem.index(c).reshape([_BM, _DT]))
-        _q_to_fp16(sp_smem.index(1))
-        fence_async_shared()
-        mbarrier.arrive(q_conv, count=1)
+        _converter_start(k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, n_blocks, split_start, req_row,
+                         Req_to_Token, page_size, HALF0, BLOCK_N, N_DT, True)
     for i in range(n_blocks):
         s = i % 2
         s1 = 1 - s  # block i + 1's stage (block i - 1's until released)
@@ -1804,18 +1816,8 @@ def _converter_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, s
     req_row = pid_b.to(gl.int64) * stride_req_b
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     if n_blocks > 0:
-        for b in gl.static_range(2):
-            if b < n_blocks:
-                start = split_start + b * BLOCK_N
-                page = gl.load(Req_to_Token + req_row + start // page_size)
-                _stage_half(k_desc, kv_smem, staged, b, 0, page, start % page_size, HALF0, BLOCK_N)
-                _stage_half(k_desc, kv_smem, staged, b, 1, page, start % page_size, HALF0, BLOCK_N)
-        mbarrier.wait(q_bar, 0)
-        for c in gl.static_range(N_DT - 1):
-            _q_to_fp16(q_smem.index(c).reshape([_BM, _DT]))
-        _q_to_fp16(sp_smem.index(1))
-        fence_async_shared()
-        mbarrier.arrive(q_conv, count=1)
+        _converter_start(k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, n_blocks, split_start, req_row,
+                         Req_to_Token, page_size, HALF0, BLOCK_N, N_DT, False)
         if n_blocks > 2:
             _barrier()  # every warp's Q writes done before the copy engine writes their upper rows
             start = split_start + 2 * BLOCK_N
