@@ -1780,21 +1780,21 @@ def _stage_swapab(k_desc, q_smem, sp_smem, bar, h: gl.constexpr, page, tok, HALF
 @gluon.jit
 def _dequant_staged(q_smem, sp_smem, kv_smem, s, h: gl.constexpr, HALF0: gl.constexpr, k_desc,
                     BLOCK_N: gl.constexpr):
-    """Half ``h`` of the staged fp8 block -> its fp16 tiles in ring stage ``s``, two tiles per
-    step (different buffers: no barrier between a step's loads and its stores)."""
+    """Half ``h`` of the staged fp8 block -> its fp16 tiles in ring stage ``s``, a tile per step,
+    the next tile's fp8 loads issued before this tile's fp16 stores (different buffers: no
+    barrier between a step's loads and its stores; the compiler's barrier before each store,
+    whose predecessor wrote the same ring, then waits with the next loads in flight)."""
     N_DT: gl.constexpr = q_smem.shape[0] + 1
     T0: gl.constexpr = 0 if h == 0 else HALF0
     C: gl.constexpr = HALF0 if h == 0 else N_DT - HALF0
     CV_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [gl.num_warps(), 1], [1, 0])  # 16 B of fp8 per load
     g0 = s * N_DT + T0
-    for c in gl.static_range(0, C, 2):
-        x0 = _staging_tile(q_smem, sp_smem, T0 + c, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
+    x = _staging_tile(q_smem, sp_smem, T0, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
+    for c in gl.static_range(C):
+        y = x.to(gl.float16)
         if c + 1 < C:
-            x1 = _staging_tile(q_smem, sp_smem, T0 + c + 1, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
-            kv_smem.index(g0 + c).reshape([BLOCK_N, _DT]).store(x0.to(gl.float16))
-            kv_smem.index(g0 + c + 1).reshape([BLOCK_N, _DT]).store(x1.to(gl.float16))
-        else:
-            kv_smem.index(g0 + c).reshape([BLOCK_N, _DT]).store(x0.to(gl.float16))
+            x = _staging_tile(q_smem, sp_smem, T0 + c + 1, k_desc, BLOCK_N).reshape([BLOCK_N, _DT]).load(CV_L)
+        kv_smem.index(g0 + c).reshape([BLOCK_N, _DT]).store(y)
 
 
 @gluon.jit
