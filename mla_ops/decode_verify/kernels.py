@@ -396,21 +396,18 @@ def _stage1_program(
     # of the request do (pages of keys [kv_end, min(split_end, req_lim)) not holding a key
     # below kv_end: none for the request's last row block, and for the others none unless
     # kv_end falls on a page boundary, or pages are shorter than qlen), so that every row
-    # block of the request marks it alike. The first EXTRA of them are loaded here and looked
-    # at after the block loops, so that no wait on them and no branch on them sits ahead of the
-    # first KV load (checked before the loops, they cost H16 q4 B1 L8k fp8 6.7% and M1 2-3% on
-    # the H200 against fd03dc4, one to four blocks per program); more (pages shorter than the
-    # rows' spread of limits / EXTRA) in a loop that then runs before the blocks. QLEN == 1:
-    # every row has the request's limit, so the loops read every entry the request reads and
-    # there is none to check; not compiled.
+    # block of the request marks it alike. Checked first, while nothing else is live: only a
+    # flag is carried through the loops. QLEN == 1: every row has the request's limit, so the
+    # loops read every entry the request reads and there is none to check; not compiled, so
+    # that no loop and no branch on the loaded length sit ahead of the first KV load (fd03dc4
+    # vs this check: H16 q1 B1 L8k +9% on the H200, one or two blocks per program; offline
+    # sm_90a, the guard takes that launch's stage 1 from 3440 to 3384 SASS, fd03dc4 3361).
     req_row = pid_b.to(tl.int64) * stride_req_b
-    EXTRA: tl.constexpr = 16
     if QLEN > 1:
+        EXTRA: tl.constexpr = 16
         pg_lo = tl.where(kv_end > split_start, tl.cdiv(kv_end, PAGE_SIZE), split_start // PAGE_SIZE)
         pg_end = tl.cdiv(tl.minimum(split_end, req_lim), PAGE_SIZE)
-        offs_j = pg_lo + tl.arange(0, EXTRA)
-        extra = tl.load(Req_to_Token + req_row + offs_j, mask=offs_j < pg_end, other=0)
-        for j0 in range(pg_lo + EXTRA, pg_end, EXTRA):
+        for j0 in range(pg_lo, pg_end, EXTRA):
             offs_j = j0 + tl.arange(0, EXTRA)
             pages = tl.load(Req_to_Token + req_row + offs_j, mask=offs_j < pg_end, other=0)
             marked = marked | (tl.max(pages.to(tl.uint32, bitcast=True), axis=0) >= num_pages.to(tl.uint32))
@@ -491,8 +488,6 @@ def _stage1_program(
             page_max = tl.maximum(page_max, raw)
     if not ONE_PAGE:
         page_max = tl.max(page_max, axis=0)
-    if QLEN > 1:
-        page_max = tl.maximum(page_max, tl.max(extra.to(tl.uint32, bitcast=True), axis=0))
     marked = marked | (page_max >= num_pages.to(tl.uint32))
 
     # Rows that saw no key (lim == 0, or nothing of theirs in this split): o = 0, lse = -inf.
