@@ -266,6 +266,19 @@ def test_unchecked_decode_marks_out_of_range_metadata(device, bad, change, path)
     assert_decode_marked(case, args["o"], args["lse"], bad)
 
 
+def test_unchecked_decode_marks_a_page_past_the_first_extra_table_entries(device):
+    """Pages of one token and 40 rows of one head: row block 0 (tokens 0-15) does not read the
+    last 24 keys' table entries, which later rows do: more than the 16 stage 1 checks per step
+    of its loop over them, so a bad entry among the last 8 is found only by the second step."""
+    case = decode_case(device, batch=2, heads=1, qlen=40, lens=(50, 64), page=1, Lv=32, rope=16,
+                       dtype=torch.float16, spare_pages=1, poison_past_end=True)
+    args = case.op_args(num_kv_splits=1)
+    args["req_to_token"][1, 61] = _num_pages(case) + 3  # key 61: tokens 37-39 see it
+    with mla_ops.checked_mode(False):
+        mla_ops.decode_attention_fwd_verify(**args, config={"BLOCK_H": 16, "BLOCK_N": 16})
+    assert_decode_marked(case, args["o"], args["lse"], 1)
+
+
 @pytest.mark.parametrize("path", DECODE_OOB_PATHS[3:], ids=[p[0] for p in DECODE_OOB_PATHS[3:]])
 @pytest.mark.parametrize("bad,change", [c[1:] for c in DECODE_OOB], ids=[c[0] for c in DECODE_OOB])
 def test_unchecked_decode_marks_out_of_range_metadata_qlen1(device, bad, change, path):
