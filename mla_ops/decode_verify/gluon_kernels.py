@@ -672,6 +672,25 @@ def _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0,
 
 
 @gluon.jit
+def _fill_work(q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+               kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+               MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
+               CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
+               HAS_TREE: gl.constexpr, LOAD_Q: gl.constexpr):
+    """The opening of the partitions that fill the pair schedules' ring (producer or converter
+    warps): the CTA's work item, Q's copy requested (LOAD_Q: the partition that loads it) and
+    ``(split_start, n_blocks, req_row)``: the split's first key, its blocks and the offset of the
+    request's row of the block table."""
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+    if LOAD_Q:
+        _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
+    return split_start, n_blocks, pid_b.to(gl.int64) * stride_req_b
+
+
+@gluon.jit
 def _pair_row_sums(WG: gl.constexpr, l_i, sl_smem, l_bar, ROW: gl.constexpr):
     """My row sums plus the other group's, once both are final (pair schedules)."""
     sl_smem.index(WG).store(l_i)
@@ -690,12 +709,10 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
                   VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
     """1 warp: Q (tiles 0-7 to ``q_smem``, the rope tile to ``sp_smem[1]``), then each block
     into stage ``i % 2`` by halves, the owner's half first (it is freed first)."""
-    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
-    _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
-    req_row = pid_b.to(gl.int64) * stride_req_b
+    split_start, n_blocks, req_row = _fill_work(
+        q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+        kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
+        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, True)
     page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     for i in range(n_blocks):
@@ -862,12 +879,10 @@ def _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, sta
     block i + 1 is requested once block i - 1 released it (its owner's half first). Each of
     those releases needs at most block i (the other group's, with QK_FIRST, its scores of block
     i), so no wait here depends on a block not yet dequantized."""
-    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
-    _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
-    req_row = pid_b.to(gl.int64) * stride_req_b
+    split_start, n_blocks, req_row = _fill_work(
+        q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+        kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
+        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, True)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     if n_blocks > 0:
         _converter_start(k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, n_blocks, split_start, req_row,
@@ -1808,12 +1823,10 @@ def _converter_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, s
     ``_converter_pair`` (``staged[0..3]``: the ring's parts), Q to fp16, then block 2 into the
     staging tiles (``staged[4 + h]``); block i >= 2's half h is dequantized from there into its
     ring half once both groups released it, and block i + 1's half h staged right after."""
-    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, False)
-    _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
-    req_row = pid_b.to(gl.int64) * stride_req_b
+    split_start, n_blocks, req_row = _fill_work(
+        q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+        kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
+        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, False, True)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     if n_blocks > 0:
         _converter_start(k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, n_blocks, split_start, req_row,
@@ -1918,13 +1931,10 @@ def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, emp
     with STAGE_ORDER the left half, then the right), each as soon as its ``empty`` barrier
     passes. N_PROD 2: this warp refills only stage STAGE (``_seesaw_block``), so that one
     stage's late part does not hold back the other stage's refill."""
-    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
-    if STAGE == 0:
-        _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
-    req_row = pid_b.to(gl.int64) * stride_req_b
+    split_start, n_blocks, req_row = _fill_work(
+        q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+        kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
+        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE == 0)
     if N_PROD == 1:
         n_mine = n_blocks
     elif STAGE == 0:
@@ -1978,6 +1988,8 @@ def _converter_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, s
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
     HALF: gl.constexpr = (N_DT - 1) // 2  # tiles per V half (4); the rope tile is the last
+    # (``_fill_work``'s steps, req_row before Q's copy: in its order ptxas allocates this kernel's
+    # registers differently, 84 instead of 48 bytes of spills offline)
     req_row = pid_b.to(gl.int64) * stride_req_b
     if STAGE == 0:
         _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
