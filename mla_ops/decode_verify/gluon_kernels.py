@@ -1490,6 +1490,32 @@ def _swapab_store(acc, t: gl.constexpr, inv_l, base, cols, mask, DT: gl.constexp
 
 
 @gluon.jit
+def _swapab_start(shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                  MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
+                  CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, KV_FP8: gl.constexpr,
+                  RQ: gl.constexpr, R: gl.constexpr):
+    """A swap-AB consumer group's opening: ``_consumer_prologue``'s facts of the work item (the
+    R rows' limits along ``RQ``), then the score scale and ``v_scale`` (KV_FP8: ``k_scale``
+    scales the scores of a dequantized cache, q . (k * k_scale), and o; else 1)."""
+    (q_smem, kv_smem, sp_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
+     num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
+     stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
+    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
+    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
+     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
+                                  num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+                                  MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
+                                  VARLEN, False, RQ, R)
+    if KV_FP8:
+        v_scale = gl.load(K_Scale)
+        qk_scale = qk_scale * v_scale
+    else:
+        v_scale = 1.0
+    return (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked,
+            qk_scale, v_scale)
+
+
+@gluon.jit
 def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
                      SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
@@ -1506,17 +1532,9 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     KEY: gl.constexpr = gl.SliceLayout(1, MMA)  # one per key of S^T, or per column of O^T
     V_TILES: gl.constexpr = LV // _DT // 2
     V0: gl.constexpr = WG * V_TILES
-    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
-    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
-     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
-                                  num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-                                  MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
-                                  VARLEN, False, RQ, R)
-    if KV_FP8:
-        v_scale = gl.load(K_Scale)
-        qk_scale = qk_scale * v_scale  # scores of a dequantized cache: q . (k * k_scale)
-    else:
-        v_scale = 1.0
+    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked, qk_scale,
+     v_scale) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD,
+                              CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, RQ, R)
     # My P^T: half of P tile 0 (tile 1 keeps Q's rope tile for every block's scores).
     PT_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * R, element_bitwidth=16)
     pt = sp_smem.index(0).reinterpret(sp_smem.dtype, [2 * BLOCK_N, R], PT_L).slice(WG * BLOCK_N, BLOCK_N)
@@ -1589,17 +1607,9 @@ def _consumer_swapab_blocks(WG: gl.constexpr, shared, sx_smem, x_bar, TOK_BOX: g
     RQ: gl.constexpr = gl.SliceLayout(0, MMA)
     KEY: gl.constexpr = gl.SliceLayout(1, MMA)
     V_TILES: gl.constexpr = LV // _DT
-    gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
-    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
-     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
-                                  num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-                                  MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
-                                  VARLEN, False, RQ, R)
-    if KV_FP8:
-        v_scale = gl.load(K_Scale)
-        qk_scale = qk_scale * v_scale
-    else:
-        v_scale = 1.0
+    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked, qk_scale,
+     v_scale) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD,
+                              CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, RQ, R)
     PT_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * R, element_bitwidth=16)
     pt = sp_smem.index(0).reinterpret(sp_smem.dtype, [2 * BLOCK_N, R], PT_L).slice(WG * BLOCK_N, BLOCK_N)
     acc0 = gl.zeros([_DT, R], gl.float32, MMA)  # O^T by 64 columns, all eight
