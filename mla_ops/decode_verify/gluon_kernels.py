@@ -845,25 +845,50 @@ def _stage_half(k_desc, kv_smem, staged, s, h: gl.constexpr, page, tok, HALF0: g
 
 
 @gluon.jit
-def _converter_start(k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, n_blocks, split_start, req_row,
-                     Req_to_Token, page_size, HALF0: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
-                     OWNER_FIRST: gl.constexpr):
-    """The converter warps' start (a work item with blocks): blocks 0 and 1 staged in their ring
-    stages (both start free; OWNER_FIRST: a block's owner's half first, as the alt schedule
-    reads them, else half 0 first), then Q, once landed, turned to fp16 in place (``q_conv``)."""
-    for b in gl.static_range(2):
-        if b < n_blocks:
-            start = split_start + b * BLOCK_N
-            page = gl.load(Req_to_Token + req_row + start // page_size)
-            H0: gl.constexpr = b if OWNER_FIRST else 0
-            _stage_half(k_desc, kv_smem, staged, b, H0, page, start % page_size, HALF0, BLOCK_N)
-            _stage_half(k_desc, kv_smem, staged, b, 1 - H0, page, start % page_size, HALF0, BLOCK_N)
+def _convert_q(q_smem, sp_smem, q_bar, q_conv, N_DT: gl.constexpr):
+    """The converter warps' Q: once its copy landed, its tiles turned to fp16 in place (the rope
+    tile in ``sp_smem[1]``), then ``q_conv`` released to the consumer groups."""
     mbarrier.wait(q_bar, 0)
     for c in gl.static_range(N_DT - 1):
         _q_to_fp16(q_smem.index(c).reshape([_BM, _DT]))
     _q_to_fp16(sp_smem.index(1))
     fence_async_shared()
     mbarrier.arrive(q_conv, count=1)
+
+
+@gluon.jit
+def _converter_start(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, Req_to_Token, Seq_Lens,
+                     Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
+                     TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                     MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
+                     CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
+                     HAS_TREE: gl.constexpr, OWNER_FIRST: gl.constexpr, STAGE_NEXT: gl.constexpr):
+    """The converter warps' start: ``_fill_work`` (Q's copy requested), then for a work item
+    with blocks, blocks 0 and 1 staged in their ring stages (both start free; OWNER_FIRST: a
+    block's owner's half first, as the alt schedule reads them, else half 0 first), then Q, once
+    landed, turned to fp16 in place (``q_conv``), and with STAGE_NEXT (swap-AB) block 2 into the
+    staging tiles (``_stage_swapab``). Returns ``_fill_work``'s ``(split_start, n_blocks, req_row)``."""
+    split_start, n_blocks, req_row = _fill_work(
+        q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+        kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
+        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, True)
+    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
+    if n_blocks > 0:
+        for b in gl.static_range(2):
+            if b < n_blocks:
+                start = split_start + b * BLOCK_N
+                page = gl.load(Req_to_Token + req_row + start // page_size)
+                H0: gl.constexpr = b if OWNER_FIRST else 0
+                _stage_half(k_desc, kv_smem, staged, b, H0, page, start % page_size, HALF0, BLOCK_N)
+                _stage_half(k_desc, kv_smem, staged, b, 1 - H0, page, start % page_size, HALF0, BLOCK_N)
+        _convert_q(q_smem, sp_smem, q_bar, q_conv, N_DT)
+        if STAGE_NEXT and n_blocks > 2:
+            _barrier()  # every warp's Q writes done before the copy engine writes their upper rows
+            start = split_start + 2 * BLOCK_N
+            page = gl.load(Req_to_Token + req_row + start // page_size)
+            _stage_swapab(k_desc, q_smem, sp_smem, staged.index(4), 0, page, start % page_size, HALF0, BLOCK_N)
+            _stage_swapab(k_desc, q_smem, sp_smem, staged.index(5), 1, page, start % page_size, HALF0, BLOCK_N)
+    return split_start, n_blocks, req_row
 
 
 @gluon.jit
@@ -879,14 +904,12 @@ def _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, sta
     block i + 1 is requested once block i - 1 released it (its owner's half first). Each of
     those releases needs at most block i (the other group's, with QK_FIRST, its scores of block
     i), so no wait here depends on a block not yet dequantized."""
-    split_start, n_blocks, req_row = _fill_work(
-        q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
-        kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, True)
+    split_start, n_blocks, req_row = _converter_start(
+        q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, Req_to_Token, Seq_Lens, Real_Lens,
+        stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN,
+        HAS_TREE, True, False)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
-    if n_blocks > 0:
-        _converter_start(k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, n_blocks, split_start, req_row,
-                         Req_to_Token, page_size, HALF0, BLOCK_N, N_DT, True)
     for i in range(n_blocks):
         s = i % 2
         s1 = 1 - s  # block i + 1's stage (block i - 1's until released)
@@ -1833,20 +1856,12 @@ def _converter_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, s
     ``_converter_pair`` (``staged[0..3]``: the ring's parts), Q to fp16, then block 2 into the
     staging tiles (``staged[4 + h]``); block i >= 2's half h is dequantized from there into its
     ring half once both groups released it, and block i + 1's half h staged right after."""
-    split_start, n_blocks, req_row = _fill_work(
-        q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
-        kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, False, True)
+    split_start, n_blocks, req_row = _converter_start(
+        q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, Req_to_Token, Seq_Lens, Real_Lens,
+        stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN,
+        False, False, True)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
-    if n_blocks > 0:
-        _converter_start(k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, n_blocks, split_start, req_row,
-                         Req_to_Token, page_size, HALF0, BLOCK_N, N_DT, False)
-        if n_blocks > 2:
-            _barrier()  # every warp's Q writes done before the copy engine writes their upper rows
-            start = split_start + 2 * BLOCK_N
-            page = gl.load(Req_to_Token + req_row + start // page_size)
-            _stage_swapab(k_desc, q_smem, sp_smem, staged.index(4), 0, page, start % page_size, HALF0, BLOCK_N)
-            _stage_swapab(k_desc, q_smem, sp_smem, staged.index(5), 1, page, start % page_size, HALF0, BLOCK_N)
     for i in range(n_blocks):
         s = i % 2
         start1 = split_start + (i + 1) * BLOCK_N
@@ -2016,12 +2031,7 @@ def _converter_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, s
                             start % page_size, BLOCK_N)
     if STAGE == 0:
         if n_blocks > 0:
-            mbarrier.wait(q_bar, 0)
-            for c in gl.static_range(N_DT - 1):
-                _q_to_fp16(q_smem.index(c).reshape([_BM, _DT]))
-            _q_to_fp16(sp_smem.index(1))
-            fence_async_shared()
-            mbarrier.arrive(q_conv, count=1)
+            _convert_q(q_smem, sp_smem, q_bar, q_conv, N_DT)
     if N_CONV == 1:
         n_mine = n_blocks
     else:
