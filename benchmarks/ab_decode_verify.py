@@ -14,6 +14,9 @@ reported and skipped.
         --variant '{}' '{"TMA": 1}' '{"PERSISTENT": 1}' '{"splits": 16, "S2_BLOCK_DV": 128}' \
         --json $OUT/ab.json
 
+``--case H,qlen,B,L[,fp8]`` adds other shapes (``--case 16,4,1,8192,fp8``: the grid's
+``H16-q4-B1-L8192-fp8-p64``); named with ``--case`` alone, only those run.
+
 ``--cache bf16 fp8`` runs each named shape with each listed cache instead of its own (M7 with a
 bf16 cache beside its fp8 one); a shape with another cache than its own is labelled as a grid
 point (``H128-q2-B16-L32768-bf16-p64``).
@@ -41,6 +44,7 @@ from benchmarks.shapes import (  # noqa: E402
     SHAPES,
     flops,
     grid_points,
+    parse_case,
     unique_bytes,
 )
 
@@ -51,6 +55,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", nargs="+", metavar="NAME",
                    help="named shapes (M1 ... M7, comma or space separated; default all)")
+    p.add_argument("--case", nargs="+", default=[], type=parse_case, metavar="H,qlen,B,L[,fp8]",
+                   help="other shapes (heads, verify tokens, batch, keys, fp8 for an fp8 cache), "
+                        "after the named ones; with --case alone, no named shape runs")
     p.add_argument("--grid", action="store_true",
                    help="the representative grid instead (H 16/128 x qlen 1/2/4 x (B, L) in "
                         "(1, 8k), (32, 4k), (128, 4k), (16, 32k) x bf16/fp8)")
@@ -64,11 +71,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli.add_jobs(p, "min(8, CPUs - 1)")
     cli.add_common(p)
     args = p.parse_args(argv)
-    if args.interpret and args.shape:
+    if args.interpret and (args.shape or args.case):
         p.error("--interpret runs a tiny shape on the CPU; the named shapes need a GPU")
+    if args.grid and args.case:
+        p.error("--case and --grid: one or the other")
     if args.cache and (args.grid or args.interpret):
         p.error("--cache applies to the named shapes (the grid has both caches)")
-    args.shape = cli.split_names(p, args.shape, list(SHAPES)) or list(SHAPES)
+    args.shape = cli.split_names(p, args.shape, list(SHAPES)) or ([] if args.case else list(SHAPES))
     try:
         args.variants = [json.loads(v) for v in args.variant]
     except json.JSONDecodeError as e:
@@ -100,7 +109,7 @@ def resolve_cases(args: argparse.Namespace) -> list:
         for cache in args.cache or [case.cache]:
             fp8 = cache == "fp8"
             cases.append(case if fp8 == case.fp8 else dataclasses.replace(case, fp8=fp8, name=None))
-    return cases
+    return cases + list(args.case)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

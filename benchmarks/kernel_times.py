@@ -22,27 +22,16 @@ from typing import Sequence
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import cli  # noqa: E402
 from benchmarks import decode, results  # noqa: E402
-from benchmarks.shapes import DEFAULT_SM_SCALE, SHAPES, Case  # noqa: E402
+from benchmarks.shapes import DEFAULT_SM_SCALE, SHAPES, Case, parse_case  # noqa: E402
 
 PROG = "kernel_times.py"
-
-
-def _case(text: str) -> Case:
-    parts = text.split(",")
-    if len(parts) not in (4, 5) or (len(parts) == 5 and parts[4] != "fp8"):
-        raise argparse.ArgumentTypeError(f"{text!r}: H,qlen,B,L or H,qlen,B,L,fp8")
-    try:
-        H, qlen, B, L = (int(p) for p in parts[:4])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: H, qlen, B and L are integers") from None
-    return Case(H, qlen, B, L, fp8=len(parts) == 5)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", nargs="+", default=[], metavar="NAME",
                    help="named shapes (M1 ... M7, comma or space separated)")
-    p.add_argument("--case", nargs="+", default=[], type=_case, metavar="H,qlen,B,L[,fp8]",
+    p.add_argument("--case", nargs="+", default=[], type=parse_case, metavar="H,qlen,B,L[,fp8]",
                    help="other shapes: heads, verify tokens, batch, keys, and fp8 for an fp8 cache")
     p.add_argument("--variant", default="{}", help="JSON config overrides (default: the table's)")
     p.add_argument("--calls", type=cli.positive, default=20, help="launches per captured graph")

@@ -84,6 +84,23 @@ class Case:
         return f"{self.name} ({self.key})" if self.name else self.key
 
 
+def parse_case(text: str) -> Case:
+    """``H,qlen,B,L[,fp8]`` (heads, verify tokens, batch, keys, fp8 for an fp8 cache) as a
+    ``Case``; an ``argparse`` type, so a bad one is a usage error naming it."""
+    import argparse
+
+    parts = text.split(",")
+    if len(parts) not in (4, 5) or (len(parts) == 5 and parts[4] != "fp8"):
+        raise argparse.ArgumentTypeError(f"{text!r}: H,qlen,B,L or H,qlen,B,L,fp8")
+    try:
+        H, qlen, B, L = (int(p) for p in parts[:4])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: H, qlen, B and L are integers") from None
+    if min(H, qlen, B, L) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: H, qlen, B and L are positive")
+    return Case(H, qlen, B, L, fp8=len(parts) == 5)
+
+
 @dataclasses.dataclass(frozen=True)
 class NamedShape:
     case: Case

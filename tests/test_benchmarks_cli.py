@@ -617,6 +617,20 @@ def test_ab_cache_runs_named_shapes_with_other_caches():
             ab_decode_verify.parse_args(bad)
 
 
+def test_ab_case_runs_other_shapes_alone_or_after_the_named_ones():
+    alone = ab_decode_verify.resolve_cases(ab_decode_verify.parse_args(
+        ["--case", "16,4,1,8192,fp8", "128,1,2,100"]))
+    assert [c.key for c in alone] == ["H16-q4-B1-L8192-fp8-p64", "H128-q1-B2-L100-bf16-p64"]
+    both = ab_decode_verify.resolve_cases(ab_decode_verify.parse_args(
+        ["--shape", "M1", "--case", "16,1,1,8192"]))
+    assert [(c.name, c.key) for c in both] == [("M1", "H16-q2-B1-L8192-bf16-p64"),
+                                               (None, "H16-q1-B1-L8192-bf16-p64")]
+    for bad in (["--case", "16,4,1"], ["--case", "16,4,1,8192,fp16"], ["--case", "16,0,1,8"],
+                ["--grid", "--case", "16,4,1,8192"]):
+        with pytest.raises(SystemExit):
+            ab_decode_verify.parse_args(bad)
+
+
 def test_prefill_arguments():
     a = benchmark_vit_prefill_attn.parse_args(["--shape", "P2,P3", "--bm", "64", "--nw", "4",
                                                "--tma", "0", "--no-hint", "--no-split",
