@@ -66,7 +66,7 @@ def _splits(arch):
 class TestVerifyTables(expecttest.TestCase):
     def test_sm_90(self):
         self.assertExpectedInline(_table("sm_90"), """\
-B1-q2-H16: triton BH=16 BN=64 nw=4 ns=2 qs=1 align=64 min=128 s2=16/4/64 swap=1 tma=1 pers=0 pdl=1 rb=2
+B1-q2-H16: triton BH=16 BN=64 nw=4 ns=2 qs=1 align=64 min=128 s2=32/4/64 swap=1 tma=1 pers=0 pdl=1 rb=2
 B32-q2-H16: triton BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/4/0 swap=1 tma=1 pers=0 pdl=0 rb=1
 B128-q4-H16: triton BH=64 BN=64 nw=8 ns=2 qs=1 align=64 min=512 s2=16/4/0 swap=0 tma=1 pers=1 pdl=0 rb=1
 B16-q2-H16: triton BH=32 BN=64 nw=4 ns=2 qs=1 align=64 min=512 s2=8/4/0 swap=1 tma=1 pers=0 pdl=0 rb=1
@@ -124,7 +124,7 @@ L32768-B16-q2-H16 sms=132 BH=32 min=512: 8
 L4096-B128-q1-H128 sms=132 BH=64 min=512: 1
 L4096-B32-q4-H128 sms=132 BH=64 min=512: 1
 L32768-B16-q2-H128 sms=132 BH=64 min=512: 2
-L100-B1-q1-H16 sms=132 BH=16 min=128: 2
+L100-B1-q1-H16 sms=132 BH=16 min=64: 2
 L1-B4-q2-H16 sms=132 BH=16 min=128: 1""")
 
     def test_split_caps_gfx942(self):
@@ -234,6 +234,8 @@ SM90_GLUON_ROUTES = [
     ((32, 4, 16, True), ("alt", None)),  # 64 rows per request: the converter warps on alt
     ((16, 2, 128, True), ("alt", None)),  # M7
     ((128, 4, 16, False), ("seesaw", None)),  # M3
+    ((1, 4, 128, False), ("seesaw", None)),  # 512 rows at qlen 4: Gluon from 128 rows at every qlen
+    ((1, 4, 128, True), ("alt", None)),
 ]
 
 
@@ -249,3 +251,34 @@ def test_sm_90_gluon_schedules(facts, route):
     assert got["SCHEDULE"] == route[0]
     if route[1] is not None:
         assert got["SWAPAB_BLOCKS"] == route[1]
+
+
+# (batch, qlen, H, fp8) -> (BLOCK_H, MIN_SPLIT_LEN, S2_BLOCK_S) of the sm_90 table's portable
+# rules at few rows (benchmarks/NOTES.md, the portable kernel at batch 1).
+SM90_FEW_ROW_ROUTES = [
+    ((1, 1, 16, False), (16, 64, 128)),  # 16 rows: 64-key splits, the merge in one step
+    ((1, 1, 16, True), (16, 64, 128)),
+    ((2, 1, 16, False), (16, 128, 32)),
+    ((1, 1, 32, True), (16, 128, 32)),
+    ((16, 1, 16, False), (16, 128, 16)),  # past 128 rows (the Gluon family's on the H200)
+    ((1, 2, 16, False), (16, 128, 32)),  # M1
+    ((2, 2, 16, True), (16, 128, 16)),
+    ((1, 4, 16, True), (32, 128, 32)),  # fp8 at qlen 4: 32-row tiles
+    ((2, 4, 16, True), (32, 128, 32)),
+    ((1, 4, 16, False), (16, 128, 32)),
+    ((4, 4, 16, False), (16, 128, 32)),
+    ((4, 4, 16, True), (16, 128, 16)),
+    ((1, 3, 16, True), (16, 128, 16)),
+]
+
+
+@pytest.mark.parametrize("facts,route", SM90_FEW_ROW_ROUTES,
+                         ids=[str(f) for f, _ in SM90_FEW_ROW_ROUTES])
+def test_sm_90_few_row_portable_rules(facts, route):
+    """The portable rules at batch 1 and a few more rows pick the tile, the split length and
+    the merge step their A/B measured, and only up to the rows it measured."""
+    batch, qlen, heads, fp8 = facts
+    with mock_platform("sm_90"):
+        got = select_verify_config(batch, qlen, heads, fp8=fp8)
+    assert got["family"] == "triton"
+    assert (got["BLOCK_H"], got["MIN_SPLIT_LEN"], got["S2_BLOCK_S"]) == route
