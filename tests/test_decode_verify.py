@@ -95,7 +95,7 @@ def test_every_split_cap_matches_reference(device, config):
 
 # Launch features laid over a case's own config: K tiles by bulk tensor copies (TMA), the
 # persistent grid (the SM count mocked to 1 so that each program loops over several work items),
-# stage 2 split by columns of o, and stage 2 loading each step's partials one step ahead.
+# and stage 2 split by columns of o.
 FEATURES = {
     "tma-qsplit": {"TMA": 1, "QSPLIT": 1},
     "tma": {"TMA": 1},
@@ -103,9 +103,6 @@ FEATURES = {
     "persistent": {"PERSISTENT": 2},
     "persistent-tma-swap": {**SWAP["swap-h16"], "BLOCK_N": 16, "TMA": 1, "PERSISTENT": 1},
     "s2-block-dv": {"S2_BLOCK_DV": 16},
-    # Two splits a merge step: three splits take two steps, the second half masked, and the
-    # prefetch of a third step past them loads nothing.
-    "s2-prefetch": {"S2_PREFETCH": 1, "S2_BLOCK_S": 2},
 }
 FEATURE_CASES = [
     ("B2-H4-q2-p16-fp16", dict(batch=2, heads=4, qlen=2, lens=(45, 170), page=16,
@@ -326,7 +323,6 @@ GPU_FEATURES = {
                            "QSPLIT": 1, "TMA": 1, "PERSISTENT": 2},
     "s2-block-dv-128": {"S2_BLOCK_DV": 128, "S2_BLOCK_S": 32},
     "pdl-s2-block-dv-64": {"PDL": 1, "S2_BLOCK_DV": 64},
-    "pdl-s2-prefetch": {"PDL": 1, "S2_PREFETCH": 1, "S2_BLOCK_S": 4},
 }
 GPU_FEATURE_SHAPES = ("B4-H16-q2-p64", "B2-H128-q5-p128", "B1-H16-q2-p64-32k",
                       "B2-H16-q8-p64-cross-qstrided", "B2-H64-q4-p1")

@@ -24,9 +24,7 @@ Config keys of the ``triton`` family (the portable kernels in ``kernels.py``):
   aims for: the portable tables were swept at 64, the Gluon family measured best at its 256.
   (M1: 66 splits, 14.4 us on the H200; 64 splits from MIN_SPLIT_LEN 128, 16.8 us.)
 - ``S2_BLOCK_S`` / ``s2_num_warps``: splits per step and warps of the stage-2 merge;
-  ``S2_BLOCK_DV``: columns of ``o`` per stage-2 program (0: all ``Lv``); ``S2_PREFETCH``: each
-  merge step issues the next step's loads before its own arithmetic (the loop is otherwise a
-  chain of load waits, one per step).
+  ``S2_BLOCK_DV``: columns of ``o`` per stage-2 program (0: all ``Lv``).
 - ``TMA``: K tiles by bulk tensor copies through host-built descriptors where they apply
   (``launch._tma_descriptors``), else the pointer path.
 - ``PDL``: stage 2 as a programmatic dependent launch of stage 1 (CUDA capability 9+); both
@@ -55,7 +53,7 @@ HIP_LAUNCH_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 VERIFY_DEFAULT_CONFIG: dict[str, Any] = {
     "BLOCK_H": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "QSPLIT": 0, "SWAP_AB": 0,
     "SPLIT_ALIGN": 64, "MIN_SPLIT_LEN": 256, "S2_BLOCK_S": 8, "s2_num_warps": 4,
-    "S2_BLOCK_DV": 0, "S2_PREFETCH": 0, "TMA": 0, "PERSISTENT": 0, "PDL": 0, "SPLIT_WORK": 64,
+    "S2_BLOCK_DV": 0, "TMA": 0, "PERSISTENT": 0, "PDL": 0, "SPLIT_WORK": 64,
 }
 
 # MI300X sweeps (bf16, page 16): few rows (B*qlen*H <= 640) take
@@ -91,8 +89,7 @@ def _check_config(cfg: dict[str, Any], where: str) -> None:
 # keys for the split merge it shares.
 GLUON_FAMILY_CONFIG: dict[str, Any] = {
     **GLUON_DEFAULT_CONFIG,
-    "S2_BLOCK_S": 8, "s2_num_warps": 4, "S2_BLOCK_DV": 0, "S2_PREFETCH": 0, "PDL": 0,
-    "SPLIT_WORK": 256,
+    "S2_BLOCK_S": 8, "s2_num_warps": 4, "S2_BLOCK_DV": 0, "PDL": 0, "SPLIT_WORK": 256,
 }
 
 KERNEL = tuning.register(tuning.Kernel(

@@ -599,22 +599,6 @@ def _fwd_verify_stage1(
         )
 
 
-@triton.jit
-def _merge_step_loads(p_mid, s0, n_req, n_splits, offs_d, mask_d, stride_mid_s, Lv: tl.constexpr,
-                      BLOCK_S: tl.constexpr):
-    """One merge step's partials, splits ``[s0, s0 + BLOCK_S)`` of a row: their lse
-    ``[BLOCK_S]`` and o ``[BLOCK_S, BLOCK_DV]``. The lse of every split of the request is
-    merged: stage 1 writes each (row, split) entry, -inf where the row has no key in the split
-    (weight 0, o 0: not loaded), NaN for a marked request. Only the row's own splits' o is
-    loaded; nothing past the request's splits (a step past them loads nothing)."""
-    offs_s = s0 + tl.arange(0, BLOCK_S)
-    lse_s = tl.load(p_mid + offs_s * stride_mid_s + Lv, mask=offs_s < n_req, other=float("-inf"))
-    mask_s = offs_s < n_splits
-    o_s = tl.load(p_mid + offs_s[:, None] * stride_mid_s + offs_d[None, :],
-                  mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-    return lse_s, o_s
-
-
 @triton.jit(do_not_specialize=["stride_mid_m", "stride_mid_h", "stride_mid_s", "num_kv_splits",
                                "kv_capacity", "cp_rank", "num_rows"],
             do_not_specialize_on_alignment=["Qo_Indptr"])
@@ -642,7 +626,6 @@ def _fwd_verify_stage2(
     CP_INTERLEAVE: tl.constexpr,
     VARLEN: tl.constexpr = False,  # as in stage 1
     HAS_TREE: tl.constexpr = False,  # as in stage 1
-    PREFETCH: tl.constexpr = False,  # each step loads the next step's partials (the config's S2_PREFETCH)
 ):
     if USE_PDL:
         # Launched before stage 1 has finished (its launch latency hidden behind stage 1's
@@ -694,19 +677,16 @@ def _fwd_verify_stage2(
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    if PREFETCH:  # the first step's partials, ahead of the loop
-        lse_next, o_next = _merge_step_loads(p_mid, 0, n_req, n_splits, offs_d, mask_d, stride_mid_s,
-                                             Lv, BLOCK_S)
     for s0 in range(0, n_req, BLOCK_S):
-        if PREFETCH:
-            # This step's partials were loaded by the previous one; the next step's loads go
-            # out now, so that their latency runs under this step's exps and sums.
-            lse_s, o_s = lse_next, o_next
-            lse_next, o_next = _merge_step_loads(p_mid, s0 + BLOCK_S, n_req, n_splits, offs_d, mask_d,
-                                                 stride_mid_s, Lv, BLOCK_S)
-        else:
-            lse_s, o_s = _merge_step_loads(p_mid, s0, n_req, n_splits, offs_d, mask_d, stride_mid_s,
-                                           Lv, BLOCK_S)
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        # The lse of every split of the request is merged: stage 1 writes each (row, split)
+        # entry, -inf where the row has no key in the split (weight 0, o 0: not loaded), NaN
+        # for a marked request. Only the row's own splits' o is loaded.
+        lse_s = tl.load(p_mid + offs_s * stride_mid_s + Lv, mask=offs_s < n_req,
+                        other=float("-inf"))  # [BLOCK_S]
+        mask_s = offs_s < n_splits
+        o_s = tl.load(p_mid + offs_s[:, None] * stride_mid_s + offs_d[None, :],
+                      mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_DV]
         m_new = tl.maximum(m_i, tl.max(lse_s, axis=0))
         # -inf while the row has no key yet (its later splits only): keeps NaN out of alpha.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
