@@ -23,7 +23,7 @@ from benchmarks.shapes import SHAPES, Case, flops, prefill_tflops, unique_bytes 
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "h200"
 # The committed files each plot reads (MANIFEST.md lists their commands).
-DECODE_TABLE = RESULTS / "v20" / "ab_table_M1-M7.json"  # mla_ops: the table's launch
+DECODE_TABLE = RESULTS / "v21" / "ab_table_M1-M7.json"  # mla_ops: the table's launch
 DECODE_ANCHORS = RESULTS / "anchors_decode.json"  # vLLM, FlashMLA, that machine's ceilings
 DECODE_GRID = RESULTS / "v5" / "ab_grid_families_summary.json"  # the 48-point grid
 ENCODER = RESULTS / "v6" / "prefill.json"  # P1–P8, C7, C8 with SDPA's backends
