@@ -20,6 +20,9 @@ so that one run reports both the A/B and its floor (``noise_ratio`` = same/curre
 
     PYTHONPATH=. python benchmarks/ab_tree.py --base-tree .ab_base --family decode prefill \\
         --same --json $OUT/ab_tree.json
+
+``--case 16,4,1,8192,fp8 ...`` A/Bs those decode points instead of the grid; ``--kernels`` adds
+each side's per-kernel GPU times per point (``harness.kernel_profile`` on its captured graph).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from benchmarks.shapes import (  # noqa: E402
     PREFILL_SHAPES,
     SHAPES,
     grid_points,
+    parse_case,
 )
 
 PROG = "ab_tree.py"
@@ -63,6 +67,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--named", action="store_true",
                    help="decode: M1-M7 only (default: the 48-point grid, H 16/128 x qlen 1/2/4 "
                         "x 4 (B, L) x bf16/fp8)")
+    p.add_argument("--case", nargs="+", default=[], type=parse_case, metavar="H,qlen,B,L[,fp8]",
+                   help="decode: these points instead of the grid (heads, verify tokens, batch, "
+                        "keys, fp8 for an fp8 cache)")
+    p.add_argument("--kernels", action="store_true",
+                   help="decode: also each side's per-kernel GPU times at every point (one "
+                        "profiled replay of its graph after the timing rounds): which stage "
+                        "differs")
     p.add_argument("--prefill-shape", nargs="+", metavar="NAME",
                    help="P1 ... P8, C7, C8 (comma or space separated; default all)")
     p.add_argument("--rounds", type=cli.positive, default=10)
@@ -76,7 +87,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli.add_jobs(p, "min(8, CPUs - 1)")
     cli.add_common(p)
     args = p.parse_args(argv)
-    if args.interpret and (args.named or args.prefill_shape):
+    if args.case and args.named:
+        p.error("--case and --named: one or the other")
+    if args.interpret and (args.named or args.prefill_shape or args.case):
         p.error("--interpret runs one tiny point per family on the CPU; the shapes need a GPU")
     args.prefill_shape = (cli.split_names(p, args.prefill_shape, list(PREFILL_ALL),
                                           "--prefill-shape") or list(PREFILL_ALL))
@@ -228,6 +241,8 @@ def decode_points(args) -> list:
         return [INTERPRET_CASE]
     if args.named:
         return [s.case for s in SHAPES.values()]
+    if args.case:
+        return list(args.case)
     return grid_points(qlens=(1, 2, 4))
 
 
@@ -295,6 +310,11 @@ def run_decode_point(sides, case, plans, device, dtype: str, args) -> dict:
         row["graph_check"] = decode_agreement(outputs, rtol)
     times = interleave(timers, args.rounds)
     row.update(replays=replays, **summarize_times(times), **noise_fields(times))
+    if args.kernels and graphs:
+        from benchmarks import harness
+
+        row["kernels"] = {label: harness.kernel_profile(g.replay, replays=5)
+                          for label, g in graphs.items()}
     row["ok"] = row["check"]["ok"] and row.get("graph_check", {"ok": True})["ok"]
     return row
 
@@ -333,9 +353,13 @@ def point_line(row: dict) -> str:
     noise = (f"  same/current x{row['noise_ratio']:.4f} (spread {row['noise_spread']:.2%})"
              if "noise_ratio" in row else "")
     launch = "" if row.get("same_launch", True) else "  [launch differs]"
-    return (f"  {row['shape']:28s} base {row['a_us']:9.2f} us  current {row['b_us']:9.2f} us  "
+    line = (f"  {row['shape']:28s} base {row['a_us']:9.2f} us  current {row['b_us']:9.2f} us  "
             f"x{row['ratio']:.4f} (spread {row['spread']:.2%}){noise}"
             f"{'' if row['ok'] else '  DISAGREE'}{launch}")
+    for label, prof in row.get("kernels", {}).items():
+        kernels = ", ".join(f"{name} {us:.2f}" for name, us in prof["kernels_us"].items())
+        line += f"\n    {label:8s} kernels (us): {kernels}; max gap {prof['max_gap_us']:.2f}"
+    return line
 
 
 def family_summary(rows: list[dict]) -> dict:

@@ -95,6 +95,30 @@ def time_call(fn: Callable[[], None], device: str, max_replays: int = 200,
     return time_cuda_graph(fn, replays=replays, prequeue_cycles=cycles) / calls_per_fn, replays
 
 
+def kernel_profile(replay: Callable[[], None], calls: int = 1, replays: int = 1) -> dict:
+    """Per-kernel GPU times of a captured graph (``replay`` runs it; it holds ``calls`` launches):
+    ``replays`` replays traced by ``torch.profiler``. Returns ``kernels_us`` (each kernel name's
+    mean time per occurrence), ``per_call_us`` (first kernel start to last kernel end, per
+    call) and ``max_gap_us`` (the largest gap between consecutive kernels)."""
+    replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            replay()
+        torch.cuda.synchronize()
+    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    if not evs:
+        return {"kernels_us": {}, "per_call_us": 0.0, "max_gap_us": 0.0}
+    per: dict[str, list[float]] = {}
+    for e in evs:
+        per.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    gaps = [b.time_range.start - a.time_range.end for a, b in zip(evs, evs[1:])]
+    span = evs[-1].time_range.end - evs[0].time_range.start
+    return {"kernels_us": {name: sum(v) / len(v) for name, v in per.items()},
+            "per_call_us": span / (calls * replays), "max_gap_us": max(gaps, default=0.0)}
+
+
 def replay_plan(est_us: float, max_replays: int, target_ms: float,
                 prequeue: bool) -> tuple[int, int]:
     """``(replays, prequeue cycles)`` of a timing: as many replays of an ``est_us`` call as fit

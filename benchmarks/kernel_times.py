@@ -21,7 +21,7 @@ from typing import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import cli  # noqa: E402
-from benchmarks import decode, results  # noqa: E402
+from benchmarks import decode, harness, results  # noqa: E402
 from benchmarks.shapes import DEFAULT_SM_SCALE, SHAPES, Case, parse_case  # noqa: E402
 
 PROG = "kernel_times.py"
@@ -62,21 +62,10 @@ def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int) -> di
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        graph.replay()
-        torch.cuda.synchronize()
-    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                 key=lambda e: e.time_range.start)
-    per: dict[str, list[float]] = {}
-    for e in evs:
-        per.setdefault(e.name, []).append(e.time_range.elapsed_us())
-    gaps = [b.time_range.start - a.time_range.end for a, b in zip(evs, evs[1:])]
+    prof = harness.kernel_profile(graph.replay, calls)
     return {"shape": case.name or case.label, "num_kv_splits": splits, "config": cfg,
-            "overrides": overrides, "per_call_us": (evs[-1].time_range.end - evs[0].time_range.start) / calls,
-            "kernels_us": {name: sum(v) / len(v) for name, v in per.items()},
-            "max_gap_us": max(gaps, default=0.0)}
+            "overrides": overrides, "per_call_us": prof["per_call_us"],
+            "kernels_us": prof["kernels_us"], "max_gap_us": prof["max_gap_us"]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

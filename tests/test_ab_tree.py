@@ -106,12 +106,36 @@ def test_arguments(tree):
     assert len(ab_tree.decode_points(ab_tree.parse_args(["--base-tree", str(tree)]))) == 48
     named = ab_tree.decode_points(ab_tree.parse_args(["--base-tree", str(tree), "--named"]))
     assert [c.name for c in named] == ["M1", "M2", "M3", "M4", "M5", "M6", "M7"]
+    picked = ab_tree.parse_args(["--base-tree", str(tree), "--case", "16,4,1,8192,fp8",
+                                 "128,1,1,8192", "--kernels"])
+    assert [c.key for c in ab_tree.decode_points(picked)] == ["H16-q4-B1-L8192-fp8-p64",
+                                                              "H128-q1-B1-L8192-bf16-p64"]
+    assert picked.kernels
+    for bad in (["--base-tree", str(tree), "--case", "16,4,1,8192", "--named"],
+                ["--base-tree", str(tree), "--case", "16,4,1"],
+                ["--base-tree", str(tree), "--interpret", "--case", "16,4,1,8192"]):
+        with pytest.raises(SystemExit):
+            ab_tree.parse_args(bad)
     for bad in (["--base-tree", str(tree / "nowhere")], ["--base-tree", str(tree), "--rounds", "0"],
                 ["--base-tree", str(tree), "--interpret", "--named"],
                 ["--base-tree", str(tree), "--prefill-shape", "P9"],
                 ["--base-tree", str(tree), "--family", "merge"]):
         with pytest.raises(SystemExit):
             ab_tree.parse_args(bad)
+
+
+def test_point_line_lists_each_sides_kernels():
+    row = {"shape": "H16-q4-B1-L8192-fp8-p64", "a_us": 23.6, "b_us": 24.2, "ratio": 1.025,
+           "spread": 0.01, "ok": True,
+           "kernels": {"base": {"kernels_us": {"_fwd_verify_stage1": 19.0, "_fwd_verify_stage2": 2.9},
+                                "per_call_us": 23.0, "max_gap_us": 0.2},
+                       "current": {"kernels_us": {"_fwd_verify_stage1": 19.5, "_fwd_verify_stage2": 3.1},
+                                   "per_call_us": 23.6, "max_gap_us": 0.1}}}
+    lines = ab_tree.point_line(row).splitlines()
+    assert len(lines) == 3 and "x1.0250" in lines[0]
+    assert lines[1].split() == ["base", "kernels", "(us):", "_fwd_verify_stage1", "19.00,",
+                                "_fwd_verify_stage2", "2.90;", "max", "gap", "0.20"]
+    assert lines[2].split()[0] == "current" and "19.50" in lines[2]
 
 
 def test_ratios_and_summaries():
