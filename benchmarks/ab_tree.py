@@ -71,9 +71,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="decode: these points instead of the grid (heads, verify tokens, batch, "
                         "keys, fp8 for an fp8 cache)")
     p.add_argument("--kernels", action="store_true",
-                   help="decode: also each side's per-kernel GPU times at every point (one "
-                        "profiled replay of its graph after the timing rounds): which stage "
-                        "differs")
+                   help="decode: also each side's per-kernel GPU times and ends at every point "
+                        "(one profiled replay of its graph after the timing rounds): which "
+                        "stage differs")
     p.add_argument("--prefill-shape", nargs="+", metavar="NAME",
                    help="P1 ... P8, C7, C8 (comma or space separated; default all)")
     p.add_argument("--rounds", type=cli.positive, default=10)
@@ -313,8 +313,7 @@ def run_decode_point(sides, case, plans, device, dtype: str, args) -> dict:
     if args.kernels and graphs:
         from benchmarks import harness
 
-        row["kernels"] = {label: harness.kernel_profile(g.replay, replays=5)
-                          for label, g in graphs.items()}
+        row["kernels"] = {label: harness.kernel_profile(g.replay) for label, g in graphs.items()}
     row["ok"] = row["check"]["ok"] and row.get("graph_check", {"ok": True})["ok"]
     return row
 
@@ -358,7 +357,9 @@ def point_line(row: dict) -> str:
             f"{'' if row['ok'] else '  DISAGREE'}{launch}")
     for label, prof in row.get("kernels", {}).items():
         kernels = ", ".join(f"{name} {us:.2f}" for name, us in prof["kernels_us"].items())
-        line += f"\n    {label:8s} kernels (us): {kernels}; max gap {prof['max_gap_us']:.2f}"
+        ends = ", ".join(f"{e:.2f}" for _n, _s, e in prof.get("timeline_us", []))
+        line += (f"\n    {label:8s} kernels (us): {kernels}; max gap {prof['max_gap_us']:.2f}"
+                 + (f"; ends at {ends}" if ends else ""))
     return line
 
 

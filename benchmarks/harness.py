@@ -99,7 +99,8 @@ def kernel_profile(replay: Callable[[], None], calls: int = 1, replays: int = 1)
     """Per-kernel GPU times of a captured graph (``replay`` runs it; it holds ``calls`` launches):
     ``replays`` replays traced by ``torch.profiler``. Returns ``kernels_us`` (each kernel name's
     mean time per occurrence), ``per_call_us`` (first kernel start to last kernel end, per
-    call) and ``max_gap_us`` (the largest gap between consecutive kernels)."""
+    call), ``max_gap_us`` (the largest gap between consecutive kernels) and, for one call,
+    ``timeline_us``: each kernel's start and end from the first kernel's start."""
     replay()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -115,8 +116,13 @@ def kernel_profile(replay: Callable[[], None], calls: int = 1, replays: int = 1)
         per.setdefault(e.name, []).append(e.time_range.elapsed_us())
     gaps = [b.time_range.start - a.time_range.end for a, b in zip(evs, evs[1:])]
     span = evs[-1].time_range.end - evs[0].time_range.start
+    t0 = evs[0].time_range.start
     return {"kernels_us": {name: sum(v) / len(v) for name, v in per.items()},
-            "per_call_us": span / (calls * replays), "max_gap_us": max(gaps, default=0.0)}
+            "per_call_us": span / (calls * replays), "max_gap_us": max(gaps, default=0.0),
+            # (name, start, end) from the first kernel's start: under PDL a dependent's own
+            # time includes its wait for the kernel before it, its end does not lie.
+            "timeline_us": [(e.name, e.time_range.start - t0, e.time_range.end - t0) for e in evs]
+            if calls * replays == 1 else []}
 
 
 def replay_plan(est_us: float, max_replays: int, target_ms: float,
