@@ -282,3 +282,19 @@ def test_sm_90_few_row_portable_rules(facts, route):
         got = select_verify_config(batch, qlen, heads, fp8=fp8)
     assert got["family"] == "triton"
     assert (got["BLOCK_H"], got["MIN_SPLIT_LEN"], got["S2_BLOCK_S"]) == route
+
+
+# (batch, qlen, H, fp8) -> S2_BLOCK_S of the sm_90 table's Gluon launches at H >= 64: the merge
+# takes 32 splits a step up to 256 rows (B1 L8k runs 32 splits), 8 above.
+SM90_GLUON_MERGE_STEPS = [((1, 1, 128, False), 32), ((1, 2, 128, True), 32), ((2, 1, 128, False), 32),
+                          ((4, 1, 64, True), 32), ((1, 4, 128, False), 8), ((1, 4, 128, True), 8),
+                          ((16, 2, 128, False), 8), ((16, 2, 128, True), 8)]
+
+
+@pytest.mark.parametrize("facts,steps", SM90_GLUON_MERGE_STEPS,
+                         ids=[str(f) for f, _ in SM90_GLUON_MERGE_STEPS])
+def test_sm_90_gluon_merge_steps(facts, steps):
+    batch, qlen, heads, fp8 = facts
+    with mock_platform("sm_90"):
+        got = select_verify_config(batch, qlen, heads, fp8=fp8, gluon=True)
+    assert got["family"] == "gluon" and got["S2_BLOCK_S"] == steps
