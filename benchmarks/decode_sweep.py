@@ -58,7 +58,9 @@ class Space:
     num_stages: tuple = (1, 2, 3, 4)
     QSPLIT: tuple = (0, 1)
     MIN_SPLIT_LEN: tuple = (64, 128, 256, 512)
-    S2_BLOCK_S: tuple = (4, 8, 16, 32)
+    # 128: the merge of up to 128 splits in one step (H16 q1 B1 with 64-key splits: 0.73 of 16
+    # a step on the H200, benchmarks/NOTES.md); 64 lost to 32 wherever both were measured.
+    S2_BLOCK_S: tuple = (4, 8, 16, 32, 128)
     s2_num_warps: tuple = (1, 2, 4, 8)
     # Swap-AB tiles (rows as wgmma's N): one warpgroup, small row tiles, BLOCK_N as M.
     swap_ab_tiles: tuple = ((16, 64, 4), (32, 32, 4), (32, 64, 4))  # (BLOCK_H, BLOCK_N, warps)
