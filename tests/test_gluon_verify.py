@@ -93,6 +93,8 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
 
     stage_out = schedule.endswith("-out")
     schedule = schedule.removesuffix("-out")
+    named = schedule.endswith("-named")  # the seesaw's handovers on named barriers (NAMED_EXCHANGE)
+    schedule = schedule.removesuffix("-named")
     head_box = min(num_heads, 64)
     kname, kdt = ("fp8e4nv", gl.float8e4nv) if fp8 else ("bf16", gl.bfloat16)
     sig = {"q_desc": tensordesc([64 // head_box, head_box, 64], "bf16", gl.bfloat16),
@@ -134,6 +136,8 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs["LAUNCH_DEPENDENTS"] = True
     if stage_out:
         constexprs["STAGE_OUT"] = True
+    if named:
+        constexprs["NAMED_EXCHANGE"] = True
     if schedule.startswith("seesaw-stage"):
         constexprs["STAGE_ORDER"] = True
     if schedule.endswith("-prod"):
@@ -182,6 +186,13 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "seesaw", False, False, False, Tr
 # trees, ragged draft counts and context-parallel ranks).
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, fp8, single, False, False)
              for sched, fp8, single in (("swapab", False, False), ("swapab-blocks", True, True))]
+# The handovers between the consumer groups on named barriers (NAMED_EXCHANGE), in the table's
+# forms of the two schedules that hand over: the seesaw at H128 (one split) and H16 (splits),
+# fp8 alt at H128.
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, single, False, False)
+             for h, sched, fp8, single in ((128, "seesaw-stage-prod-named-out", False, True),
+                                           (16, "seesaw-stage-prod-named-out", False, False),
+                                           (128, "alt-early-named-out", True, False))]
 # On a triton the GPU does not run (the unpinned CI job), where spills and serialization are
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
@@ -268,7 +279,8 @@ def test_offline_compile_sm90a(variant, offline_reports):
     assert r["wgmma"] and r["tma"], r
     # The PDL trigger is in the kernel with LAUNCH_DEPENDENTS only (the others are unchanged).
     assert r["launch_dependents"] == (schedule == "alt-pdl"), r
-    schedule = schedule.removesuffix("-out")  # (the spill limits below hold with STAGE_OUT too)
+    # (the spill limits below hold with STAGE_OUT and NAMED_EXCHANGE too)
+    schedule = schedule.removesuffix("-out").removesuffix("-named")
     if _GPU_CHECKED:
         # Serialized wgmmas and spills are facts of the compiler the GPU runs (triton 3.6): on
         # 3.9 the seesaw kernel's wgmmas are serialized for register pressure (C7512), but the
@@ -329,6 +341,34 @@ def test_swapab_config_launches_the_kernel_that_takes_it(qlen, heads, tree, kern
     assert seen["fn"] is getattr(gla._gk, kernel)
     assert seen["kw"].get("ROWS") == rows
     assert seen["kw"].get("ALT_BLOCKS") == (bool(blocks) if rows else None)
+
+@pytest.mark.parametrize("schedule,heads,qlen,kernel,named", [
+    ("alt", 16, 4, "_verify_stage1_alt", True), ("seesaw", 128, 1, "_verify_stage1_seesaw", True),
+    ("swapab", 16, 2, "_verify_stage1_swapab", None), ("redundant", 16, 4, "_verify_stage1_ws", None),
+    ("swapab", 16, 3, "_verify_stage1_alt", True)])
+@pytest.mark.parametrize("key", [0, 1])
+def test_named_exchange_reaches_the_schedules_that_hand_over(schedule, heads, qlen, kernel, named, key,
+                                                             monkeypatch):
+    """NAMED_EXCHANGE is passed to the two schedules whose consumer groups hand P over (alt,
+    also where swap-AB gives a launch to alt, and the seesaw), only when set (without it the
+    kernel is the one before the key), and never to the others."""
+    if gla._gk is None:
+        pytest.skip("the Gluon kernels do not import here")
+    seen = {}
+    monkeypatch.setattr(gla, "_descriptors", lambda *a: ("q_desc", "k_desc"))
+    monkeypatch.setattr(gla, "launch", lambda fn, grid, *args, **kw: seen.update(fn=fn, kw=kw))
+    B, page = 2, 64
+    q = torch.randn(B * qlen, heads, LK, dtype=torch.bfloat16)
+    k = torch.randn(4, page, 1, LK, dtype=torch.bfloat16)
+    table = torch.zeros(B, 4, dtype=torch.int32)
+    lens = torch.full((B,), 100, dtype=torch.int32)
+    o = torch.empty(B * qlen, heads, LV, dtype=torch.bfloat16)
+    lse = torch.empty(B * qlen, heads, dtype=torch.float32)
+    gla.launch_verify_stage1_gluon(q, k, torch.ones(()), table, lens, lens, False, o, lse, None, qlen, 1, 0.1,
+                                   page, LV, {"SCHEDULE": schedule, "NAMED_EXCHANGE": key})
+    assert seen["fn"] is getattr(gla._gk, kernel)
+    assert seen["kw"].get("NAMED_EXCHANGE") == (named if key else None)
+
 
 # (mocked arch, page size, the reason contains; None: the family covers the launch)
 ROUTES = [("sm_90", 64, None), ("sm_90", 128, None), ("sm_90", 16, "page_size 16"),
@@ -491,7 +531,14 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              # the others run alt)
              "swapab": {"SCHEDULE": "swapab"},
              # the same, the two groups taking alternate blocks (all of O^T each, merged at the end)
-             "swapab-blocks": {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1}}
+             "swapab-blocks": {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1},
+             # the handovers between the consumer groups on named barriers (NAMED_EXCHANGE)
+             "alt-named": {"SCHEDULE": "alt", "NAMED_EXCHANGE": 1},
+             "alt-qkfirst-named": {"SCHEDULE": "alt", "QK_FIRST": 1, "NAMED_EXCHANGE": 1},
+             "alt-early-stageout-named": {"SCHEDULE": "alt", "EARLY_RELEASE": 1, "STAGE_OUT": 1, "NAMED_EXCHANGE": 1},
+             "seesaw-named": {"SCHEDULE": "seesaw", "NAMED_EXCHANGE": 1},
+             "seesaw-stage-prod-stageout-named": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1, "STAGE_PRODUCERS": 1,
+                                                  "STAGE_OUT": 1, "NAMED_EXCHANGE": 1}}
 
 # Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
 # token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
@@ -537,12 +584,14 @@ def _check_case(case, cfg):
                                           (True, "seesaw-prod"), (True, "seesaw-stage-prod"),
                                           (False, "alt-pdl"), (False, "seesaw-prod-pdl"), (True, "alt-early-pdl"),
                                           (False, "alt-stageout"), (False, "seesaw-stage-prod-stageout"),
-                                          (True, "alt-early-stageout")],
+                                          (True, "alt-early-stageout"), (False, "seesaw-stage-prod-stageout-named"),
+                                          (True, "alt-early-stageout-named"), (False, "alt-qkfirst-named")],
                          ids=["bf16-alt", "bf16-seesaw", "bf16-seesaw-stage", "bf16-seesaw-prod",
                               "bf16-seesaw-stage-prod", "fp8-redundant", "fp8-alt-early", "fp8-seesaw",
                               "fp8-seesaw-prod", "fp8-seesaw-stage-prod", "bf16-alt-pdl", "bf16-seesaw-prod-pdl",
                               "fp8-alt-early-pdl", "bf16-alt-stageout", "bf16-seesaw-stage-prod-stageout",
-                              "fp8-alt-early-stageout"])
+                              "fp8-alt-early-stageout", "bf16-seesaw-stage-prod-stageout-named",
+                              "fp8-alt-early-stageout-named", "bf16-alt-qkfirst-named"])
 def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule])
 

@@ -1001,11 +1001,14 @@ def _issue_scores(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, base, zero, 
 @gluon.jit
 def _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, jp, l_i, acc0, acc1, acc2, acc3, split_start, kv_end,
              V0: gl.constexpr, V_TILES: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
-             ROW: gl.constexpr):
-    """The other group's block jp (stage / P tile sp): wait for its P and alpha, rescale my O
-    half and row sums, zero the tail's V rows, issue my half of P V. Returns (l, the 4
-    in-flight accumulators)."""
-    mbarrier.wait(p_ready.index(sp), (jp // 2) & 1)
+             ROW: gl.constexpr, NAMED: gl.constexpr = False):
+    """The other group's block jp (stage / P tile sp): wait for its P and alpha (NAMED: on named
+    barrier 8 + sp), rescale my O half and row sums, zero the tail's V rows, issue my half of
+    P V. Returns (l, the 4 in-flight accumulators)."""
+    if NAMED:
+        _named_barrier(False, 8 + sp)
+    else:
+        mbarrier.wait(p_ready.index(sp), (jp // 2) & 1)
     alpha = sa_smem.index(sp).load(ROW)
     l_i = l_i * alpha
     acc0 = acc0 * alpha[:, None]
@@ -1034,11 +1037,11 @@ def _pv_issue(p_sm, kv_smem, v_base, acc0, acc1, acc2, acc3, BLOCK_N: gl.constex
 def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_smem, sa_smem, sm_smem, p_free,
                      p_ready, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N: gl.constexpr,
                      HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, ROW: gl.constexpr,
-                     COL: gl.constexpr):
+                     COL: gl.constexpr, NAMED: gl.constexpr = False):
     """The softmax of my block j (scores ``qk``) against the running row max of blocks < j
-    (``sm_smem``); publishes P_j, alpha_j and m_j (tile ``s``) once both groups are done with
-    P_{j-2}'s tile. Keys past a row's limit (or outside its draft tree) are masked in the tail
-    blocks. Returns (l, alpha_j)."""
+    (``sm_smem``); publishes P_j, alpha_j and m_j (tile ``s``; NAMED: on named barrier 8 + s)
+    once both groups are done with P_{j-2}'s tile. Keys past a row's limit (or outside its
+    draft tree) are masked in the tail blocks. Returns (l, alpha_j)."""
     sc = _mask_tail(qk * qk_scale, split_start + j * BLOCK_N, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b,
                     seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
     m_prev = sm_smem.load(ROW)
@@ -1049,7 +1052,10 @@ def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_sme
     sa_smem.index(s).store(alpha)
     sm_smem.store(m_new)
     fence_async_shared()
-    mbarrier.arrive(p_ready.index(s), count=1)
+    if NAMED:
+        _named_barrier(True, 8 + s)
+    else:
+        mbarrier.arrive(p_ready.index(s), count=1)
     return l_i, alpha
 
 
@@ -1077,11 +1083,14 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                   LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr, cp_rank,
                   CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
                   VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, KV_FP8: gl.constexpr,
-                  EARLY_RELEASE: gl.constexpr, STAGE_OUT: gl.constexpr):
+                  EARLY_RELEASE: gl.constexpr, STAGE_OUT: gl.constexpr, NAMED: gl.constexpr):
     """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
     and output columns ``[WG * LV/2, (WG + 1) * LV/2)``. ``shared``: the runtime arguments
     both groups take (``_verify_stage1_alt`` builds it). KV_FP8: the ring holds the fp16 blocks
-    the converter warps wrote; ``k_scale`` scales the scores and o."""
+    the converter warps wrote; ``k_scale`` scales the scores and o. NAMED: P_j passes to the
+    other group on named barrier 8 + j % 2 (``_named_barrier``) instead of the mbarrier
+    ``p_ready``: the owner arrives once per block, the other group syncs once, and the owner
+    publishes block j + 2 only after both groups freed P_j's tile (``p_free``)."""
     (q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty, p_ready, p_free, l_bar, Seq_Lens,
      Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
      page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
@@ -1134,7 +1143,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                 if j >= 1:
                     l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
                                                    acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT,
-                                                   ROW)
+                                                   ROW, NAMED)
                     qk, acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(tq, t0, t1, t2, t3))
                     mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
                     mbarrier.arrive(p_free.index(sp), count=1)
@@ -1142,7 +1151,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                     qk = warpgroup_mma_wait(0, deps=(tq, ))
             else:
                 l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
-                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
+                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, NAMED)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
                 mbarrier.arrive(p_free.index(sp), count=1)
@@ -1152,7 +1161,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                 # ... or issued once it is done and my half of block j - 1 is released: the
                 # ring's refill does not wait for my scores (nor for block j to be ready).
                 l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
-                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
+                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, NAMED)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
                 mbarrier.arrive(p_free.index(sp), count=1)
@@ -1162,7 +1171,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                     qk = warpgroup_mma_wait(0, deps=(tq, ))
             elif j >= 1:
                 l_i, t0, t1, t2, t3 = _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, j - 1, l_i, acc0, acc1,
-                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW)
+                                               acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, NAMED)
                 if j < n_blocks:
                     tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1, qk,
                                        BLOCK_N, N_DT)
@@ -1177,7 +1186,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
         if j < n_blocks:
             l_i, alpha = _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_smem, sa_smem,
                                           sm_smem, p_free, p_ready, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len,
-                                          BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+                                          BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL, NAMED)
             acc0, acc1, acc2, acc3 = _pv_own(acc0, acc1, acc2, acc3, alpha, kv_smem, sp_smem, empty, p_free, s, base,
                                              split_start + j * BLOCK_N, kv_end, WG, V0, V_TILES, BLOCK_N)
 
@@ -1358,10 +1367,12 @@ def _verify_stage1_alt(
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
     HAS_TREE: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
+    NAMED_EXCHANGE: gl.constexpr = False,
 ):
     """Stage 1 with the alternating schedule (same arguments as ``_verify_stage1_ws``;
     NUM_STAGES must be 2). An fp8 cache runs the converter partition (``_converter_pair``, 4
-    warps, PRODUCER_REGS registers) instead of the producer warp."""
+    warps, PRODUCER_REGS registers) instead of the producer warp. NAMED_EXCHANGE: each P
+    passes between the groups on a named barrier (``_consumer_alt``)."""
     _launch_dependents(LAUNCH_DEPENDENTS)
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
@@ -1397,10 +1408,10 @@ def _verify_stage1_alt(
     gl.warp_specialize([
         (_consumer_alt, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                          QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                         HAS_TREE, KV_FP8, EARLY_RELEASE, STAGE_OUT)),
+                         HAS_TREE, KV_FP8, EARLY_RELEASE, STAGE_OUT, NAMED_EXCHANGE)),
         (_consumer_alt, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                          QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                         HAS_TREE, KV_FP8, EARLY_RELEASE, STAGE_OUT)),
+                         HAS_TREE, KV_FP8, EARLY_RELEASE, STAGE_OUT, NAMED_EXCHANGE)),
         (_fill_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
                      Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
@@ -2143,11 +2154,40 @@ def _seesaw_exp(sc, m_frame, m_new, l_i, acc0, acc1, acc2, acc3):
 
 
 @gluon.jit
-def _seesaw_publish(x, slot, bar):
-    """Hand a tile or a row vector to the other group: store, fence, arrive."""
+def _named_barrier(ARRIVE: gl.constexpr, ID):
+    """A hardware named barrier of both consumer groups (256 threads): ``bar.arrive`` (the
+    group that hands something over; it does not wait) or ``bar.sync`` (the group that takes
+    it; it waits for the other group's 128 arrivals). Every thread executes it, so no group
+    barrier precedes it (an mbarrier arrive is one thread's after a ``bar.sync`` of its 128).
+    IDs 8 and up: triton 3.6 numbers its own partition barriers from 0 (0: the default
+    partition, 1: the whole CTA, 2, 3, ...: the worker partitions)."""
+    if ARRIVE:
+        gl.inline_asm_elementwise("bar.arrive $1, 256; // $0", "=r,r", [ID], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+    else:
+        gl.inline_asm_elementwise("bar.sync $1, 256; // $0", "=r,r", [ID], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+
+
+@gluon.jit
+def _seesaw_publish(x, slot, bar, NAMED: gl.constexpr = False, ID: gl.constexpr = 0):
+    """Hand a tile or a row vector to the other group: store, fence, arrive (NAMED: on named
+    barrier ID instead of the mbarrier ``bar``)."""
     slot.store(x)
     fence_async_shared()
-    mbarrier.arrive(bar, count=1)
+    if NAMED:
+        _named_barrier(True, ID)
+    else:
+        mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _seesaw_take(bar, ph, NAMED: gl.constexpr = False, ID: gl.constexpr = 0):
+    """Wait for what the other group handed over with ``_seesaw_publish``."""
+    if NAMED:
+        _named_barrier(False, ID)
+    else:
+        mbarrier.wait(bar, ph)
 
 
 @gluon.jit
@@ -2156,13 +2196,18 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                      CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows, VARLEN: gl.constexpr,
                      HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr, KV_FP8: gl.constexpr,
-                     STAGE_OUT: gl.constexpr):
+                     STAGE_OUT: gl.constexpr, NAMED: gl.constexpr):
     """Consumer group WG of the seesaw schedule (see above). KV_FP8: the ring holds the fp16
     blocks the converter warps wrote; ``k_scale`` scales the scores and o. ``shared``: the runtime arguments
     both groups take (``_verify_stage1_seesaw`` builds it). STAGE_ORDER: group 1 multiplies
     the other group's P_b (stage 0) before its own P_{b+1}, so that stage 0 is free in the
     middle of the pair and block b + 2 loads under the pair's second half (without it, both
-    stages are released at the end of the pair and group 0 waits for b + 2's right half)."""
+    stages are released at the end of the pair and group 0 waits for b + 2's right half).
+    NAMED: the row maxima and the P tiles pass between the groups on hardware named barriers
+    (``_named_barrier``, IDs 8-11: m_ready 0 / 1, p_ready 0 / 1) instead of mbarriers. Each
+    is one group's arrive and the other's sync once per pair (and in the odd last block), in
+    an order the pair's other waits keep alternating: a group cannot hand over its next pair's
+    max or P before the other took this pair's."""
     (q_smem, kv_smem, sp_smem, sm_smem, sl_smem, q_bar, ready, empty, m_ready, p_ready, p_free, l_bar, Seq_Lens,
      Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size,
      num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
@@ -2209,16 +2254,16 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         if WG == 0:
             sc, m_b = _seesaw_max(qk, m_f, qk_scale, start0, full_end, lim, Tree_Mask, row_base, qlen, tok0,
                                   qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
-            _seesaw_publish(m_b, sm_smem.index(0), m_ready.index(0))
+            _seesaw_publish(m_b, sm_smem.index(0), m_ready.index(0), NAMED, 8)
             p, l_i, acc0, acc1, acc2, acc3 = _seesaw_exp(sc, m_f, m_b, l_i, acc0, acc1, acc2, acc3)
             # (block b is never the tail of a full pair: b + 1 starts before kv_end)
             t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, zero + V0, acc0, acc1,
                                        acc2, acc3, BLOCK_N)
-            mbarrier.wait(m_ready.index(1), ph)
+            _seesaw_take(m_ready.index(1), ph, NAMED, 9)
             m_b1 = sm_smem.index(1).load(ROW)
             s1 = gl.exp2(m_b - gl.where(m_b1 == float("-inf"), 0.0, m_b1))  # m_b's frame -> m_{b+1}'s
             mbarrier.wait(p_free.index(0), ph ^ 1)
-            _seesaw_publish((p * s1[:, None]).to(sp_smem.dtype), sp_smem.index(0), p_ready.index(0))
+            _seesaw_publish((p * s1[:, None]).to(sp_smem.dtype), sp_smem.index(0), p_ready.index(0), NAMED, 10)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
             mbarrier.arrive(empty.index(0), count=1)  # L of stage 0
             l_i = l_i * s1
@@ -2227,7 +2272,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             acc1 = acc1 * s1[:, None]
             acc2 = acc2 * s1[:, None]
             acc3 = acc3 * s1[:, None]
-            mbarrier.wait(p_ready.index(1), ph)
+            _seesaw_take(p_ready.index(1), ph, NAMED, 11)
             if start0 + 2 * BLOCK_N > kv_end:
                 _zero_v_tail(kv_smem, N_DT + zero, V0, V_TILES, kv_end - start0 - BLOCK_N, BLOCK_N)
             t0, t1, t2, t3 = _pv_issue(sp_smem.index(1), kv_smem, N_DT + zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
@@ -2235,11 +2280,11 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             mbarrier.arrive(empty.index(3), count=1)  # L of stage 1
             mbarrier.arrive(p_free.index(1), count=1)
         else:
-            mbarrier.wait(m_ready.index(0), ph)
+            _seesaw_take(m_ready.index(0), ph, NAMED, 8)
             m_b = sm_smem.index(0).load(ROW)
             sc, m_b1 = _seesaw_max(qk, m_b, qk_scale, start0 + BLOCK_N, full_end, lim, Tree_Mask, row_base, qlen,
                                    tok0, qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
-            _seesaw_publish(m_b1, sm_smem.index(1), m_ready.index(1))
+            _seesaw_publish(m_b1, sm_smem.index(1), m_ready.index(1), NAMED, 9)
             p, l_i, acc0, acc1, acc2, acc3 = _seesaw_exp(sc, m_f, m_b1, l_i, acc0, acc1, acc2, acc3)
             m_f = m_b1
             if start0 + 2 * BLOCK_N > kv_end:
@@ -2247,9 +2292,9 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             if STAGE_ORDER:
                 pb = p.to(sp_smem.dtype)
                 mbarrier.wait(p_free.index(1), ph ^ 1)
-                _seesaw_publish(pb, sp_smem.index(1), p_ready.index(1))
+                _seesaw_publish(pb, sp_smem.index(1), p_ready.index(1), NAMED, 11)
                 p_op = gl.convert_layout(pb, OP_A)
-                mbarrier.wait(p_ready.index(0), ph)
+                _seesaw_take(p_ready.index(0), ph, NAMED, 10)
                 t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(1), count=1)  # R of stage 0
@@ -2261,10 +2306,10 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                 t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, N_DT + zero + V0,
                                            acc0, acc1, acc2, acc3, BLOCK_N)
                 mbarrier.wait(p_free.index(1), ph ^ 1)
-                _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(1), p_ready.index(1))
+                _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(1), p_ready.index(1), NAMED, 11)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(3 + 1), count=1)  # R of stage 1
-                mbarrier.wait(p_ready.index(0), ph)
+                _seesaw_take(p_ready.index(0), ph, NAMED, 10)
                 t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(1), count=1)  # R of stage 0
@@ -2283,7 +2328,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         if WG == 0:
             sc, m_b = _seesaw_max(qk, m_f, qk_scale, start0, full_end, lim, Tree_Mask, row_base, qlen, tok0,
                                   qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
-            _seesaw_publish(m_b, sm_smem.index(0), m_ready.index(0))
+            _seesaw_publish(m_b, sm_smem.index(0), m_ready.index(0), NAMED, 8)
             p, l_i, acc0, acc1, acc2, acc3 = _seesaw_exp(sc, m_f, m_b, l_i, acc0, acc1, acc2, acc3)
             m_f = m_b
             if start0 + BLOCK_N > kv_end:
@@ -2291,10 +2336,10 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, zero + V0, acc0, acc1,
                                        acc2, acc3, BLOCK_N)
             mbarrier.wait(p_free.index(0), ph ^ 1)
-            _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(0), p_ready.index(0))
+            _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(0), p_ready.index(0), NAMED, 10)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
         else:
-            mbarrier.wait(m_ready.index(0), ph)
+            _seesaw_take(m_ready.index(0), ph, NAMED, 8)
             m_b = sm_smem.index(0).load(ROW)
             alpha = gl.exp2(m_f - gl.where(m_b == float("-inf"), 0.0, m_b))
             m_f = m_b
@@ -2303,7 +2348,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             acc1 = acc1 * alpha[:, None]
             acc2 = acc2 * alpha[:, None]
             acc3 = acc3 * alpha[:, None]
-            mbarrier.wait(p_ready.index(0), ph)
+            _seesaw_take(p_ready.index(0), ph, NAMED, 10)
             if start0 + BLOCK_N > kv_end:
                 _zero_v_tail(kv_smem, zero, V0, V_TILES, kv_end - start0, BLOCK_N)
             t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
@@ -2331,10 +2376,12 @@ def _verify_stage1_seesaw(
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
     HAS_TREE: gl.constexpr = False, STAGE_ORDER: gl.constexpr = False, STAGE_PRODUCERS: gl.constexpr = False,
     LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
+    NAMED_EXCHANGE: gl.constexpr = False,
 ):
     """Stage 1 with the seesaw schedule (same arguments as ``_verify_stage1_ws``, NUM_STAGES
     must be 2; STAGE_ORDER: see ``_consumer_seesaw``; STAGE_PRODUCERS: a filler partition per
-    ring stage, see ``_producer_seesaw`` and ``_converter_seesaw``). An fp8 cache runs converter
+    ring stage, see ``_producer_seesaw`` and ``_converter_seesaw``; NAMED_EXCHANGE: the handovers
+    between the consumer groups on named barriers, see ``_consumer_seesaw``). An fp8 cache runs converter
     warps (4, or 2 per stage; PRODUCER_REGS registers) instead of the producer warp. Shared
     memory as in ``_verify_stage1_alt``."""
     _launch_dependents(LAUNCH_DEPENDENTS)
@@ -2377,10 +2424,10 @@ def _verify_stage1_seesaw(
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER, KV_FP8, STAGE_OUT)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
             (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER, KV_FP8, STAGE_OUT)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
             (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
@@ -2396,10 +2443,10 @@ def _verify_stage1_seesaw(
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER, KV_FP8, STAGE_OUT)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
             (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
-                                STAGE_ORDER, KV_FP8, STAGE_OUT)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
             (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
