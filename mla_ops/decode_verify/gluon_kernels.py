@@ -1047,7 +1047,7 @@ def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_sme
     m_prev = sm_smem.load(ROW)
     m_prev = gl.where(j > 0, m_prev, float("-inf"))  # (garbage before block 0)
     m_new, alpha, p, l_i = _online_softmax(sc, m_prev, l_i)
-    mbarrier.wait(p_free.index(s), ((j // 2) & 1) ^ 1)
+    _p_tile_free(p_free, s, ((j // 2) & 1) ^ 1, NAMED, 12 + s, j >= 2)
     sp_smem.index(s).store(p.to(sp_smem.dtype))
     sa_smem.index(s).store(alpha)
     sm_smem.store(m_new)
@@ -1061,9 +1061,12 @@ def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_sme
 
 @gluon.jit
 def _pv_own(acc0, acc1, acc2, acc3, alpha, kv_smem, sp_smem, empty, p_free, s, base, start, kv_end,
-            WG: gl.constexpr, V0: gl.constexpr, V_TILES: gl.constexpr, BLOCK_N: gl.constexpr):
+            WG: gl.constexpr, V0: gl.constexpr, V_TILES: gl.constexpr, BLOCK_N: gl.constexpr,
+            NAMED: gl.constexpr = False):
     """My half of P_j V_j for my block j (stage and P tile ``s``): rescale O by alpha_j, zero
-    the tail's V rows, the wgmmas, then release my half of the stage and the P tile."""
+    the tail's V rows, the wgmmas, then release my half of the stage and the P tile (NAMED:
+    the tile's named barrier counts the other group only; my own use is over in program order
+    before I write the tile again)."""
     acc0 = acc0 * alpha[:, None]
     acc1 = acc1 * alpha[:, None]
     acc2 = acc2 * alpha[:, None]
@@ -1073,7 +1076,8 @@ def _pv_own(acc0, acc1, acc2, acc3, alpha, kv_smem, sp_smem, empty, p_free, s, b
     acc0, acc1, acc2, acc3 = _pv_issue(sp_smem.index(s), kv_smem, base + V0, acc0, acc1, acc2, acc3, BLOCK_N)
     acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(acc0, acc1, acc2, acc3))
     mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half of my block j is done
-    mbarrier.arrive(p_free.index(s), count=1)
+    if not NAMED:
+        mbarrier.arrive(p_free.index(s), count=1)
     return acc0, acc1, acc2, acc3
 
 
@@ -1089,8 +1093,10 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
     both groups take (``_verify_stage1_alt`` builds it). KV_FP8: the ring holds the fp16 blocks
     the converter warps wrote; ``k_scale`` scales the scores and o. NAMED: P_j passes to the
     other group on named barrier 8 + j % 2 (``_named_barrier``) instead of the mbarrier
-    ``p_ready``: the owner arrives once per block, the other group syncs once, and the owner
-    publishes block j + 2 only after both groups freed P_j's tile (``p_free``)."""
+    ``p_ready``: the owner arrives once per block, the other group syncs once; the other group
+    frees P_j's tile on named barrier 12 + j % 2 where block j + 2 follows, and the owner syncs
+    on it before it writes P_{j+2}. So each named barrier alternates: the owner publishes block
+    j + 2 only after the other group freed P_j's tile."""
     (q_smem, kv_smem, sp_smem, sm_smem, sa_smem, sl_smem, q_bar, ready, empty, p_ready, p_free, l_bar, Seq_Lens,
      Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b,
      page_size, num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
@@ -1146,7 +1152,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                                                    ROW, NAMED)
                     qk, acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(tq, t0, t1, t2, t3))
                     mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-                    mbarrier.arrive(p_free.index(sp), count=1)
+                    _p_tile_freed(p_free, sp, NAMED, 12 + sp, j + 1 < n_blocks)
                 else:
                     qk = warpgroup_mma_wait(0, deps=(tq, ))
             else:
@@ -1154,7 +1160,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                                                acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, NAMED)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-                mbarrier.arrive(p_free.index(sp), count=1)
+                _p_tile_freed(p_free, sp, NAMED, 12 + sp, j + 1 < n_blocks)
         else:
             # My half of P_{j-1} V_{j-1} first, my scores queued behind it.
             if j >= 1 and EARLY_RELEASE:
@@ -1164,7 +1170,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                                                acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, NAMED)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-                mbarrier.arrive(p_free.index(sp), count=1)
+                _p_tile_freed(p_free, sp, NAMED, 12 + sp, j + 1 < n_blocks)
                 if j < n_blocks:
                     tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1, qk,
                                        BLOCK_N, N_DT)
@@ -1179,7 +1185,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                 else:
                     acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-                mbarrier.arrive(p_free.index(sp), count=1)
+                _p_tile_freed(p_free, sp, NAMED, 12 + sp, j + 1 < n_blocks)
             else:
                 tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, 0, qk, BLOCK_N, N_DT)
                 qk = warpgroup_mma_wait(0, deps=(tq, ))
@@ -1188,7 +1194,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                                           sm_smem, p_free, p_ready, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len,
                                           BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL, NAMED)
             acc0, acc1, acc2, acc3 = _pv_own(acc0, acc1, acc2, acc3, alpha, kv_smem, sp_smem, empty, p_free, s, base,
-                                             split_start + j * BLOCK_N, kv_end, WG, V0, V_TILES, BLOCK_N)
+                                             split_start + j * BLOCK_N, kv_end, WG, V0, V_TILES, BLOCK_N, NAMED)
 
     # l = my row sums + the other group's; m = the last published running max.
     l_i = _pair_row_sums(WG, l_i, sl_smem, l_bar, ROW)
@@ -2154,19 +2160,52 @@ def _seesaw_exp(sc, m_frame, m_new, l_i, acc0, acc1, acc2, acc3):
 
 
 @gluon.jit
-def _named_barrier(ARRIVE: gl.constexpr, ID):
+def _named_barrier(ARRIVE: gl.constexpr, ID, pred=None):
     """A hardware named barrier of both consumer groups (256 threads): ``bar.arrive`` (the
     group that hands something over; it does not wait) or ``bar.sync`` (the group that takes
     it; it waits for the other group's 128 arrivals). Every thread executes it, so no group
     barrier precedes it (an mbarrier arrive is one thread's after a ``bar.sync`` of its 128).
     IDs 8 and up: triton 3.6 numbers its own partition barriers from 0 (0: the default
-    partition, 1: the whole CTA, 2, 3, ...: the worker partitions)."""
-    if ARRIVE:
-        gl.inline_asm_elementwise("bar.arrive $1, 256; // $0", "=r,r", [ID], dtype=gl.int32, is_pure=False,
-                                  pack=1)
+    partition, 1: the whole CTA, 2, 3, ...: the worker partitions). ``pred`` (a scalar, the
+    same in every thread): only where it is nonzero, as a predicated instruction rather than a
+    branch, so that wgmmas in flight across it do not make ptxas serialize them (C7514)."""
+    if pred is None:
+        if ARRIVE:
+            gl.inline_asm_elementwise("bar.arrive $1, 256; // $0", "=r,r", [ID], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+        else:
+            gl.inline_asm_elementwise("bar.sync $1, 256; // $0", "=r,r", [ID], dtype=gl.int32, is_pure=False,
+                                      pack=1)
     else:
-        gl.inline_asm_elementwise("bar.sync $1, 256; // $0", "=r,r", [ID], dtype=gl.int32, is_pure=False,
-                                  pack=1)
+        if ARRIVE:
+            gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p bar.arrive $1, 256; } // $0",
+                                      "=r,r,r", [ID, pred.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p bar.sync $1, 256; } // $0",
+                                      "=r,r,r", [ID, pred.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _p_tile_freed(p_free, idx, NAMED: gl.constexpr, ID, more):
+    """The group that read the other group's P tile ``idx`` gives it back: an arrive on the
+    mbarrier ``p_free[idx]``, or (NAMED) on named barrier ID, only where the owner will write
+    that tile again (``more``: a later P of the same tile follows), so that every arrive has
+    the owner's sync."""
+    if NAMED:
+        _named_barrier(True, ID, more)
+    else:
+        mbarrier.arrive(p_free.index(idx), count=1)
+
+
+@gluon.jit
+def _p_tile_free(p_free, idx, ph, NAMED: gl.constexpr, ID, again):
+    """The owner waits until its P tile ``idx`` may be written: the mbarrier's phase ``ph``,
+    or (NAMED) named barrier ID where the tile was written before (``again``; a fresh tile is
+    free)."""
+    if NAMED:
+        _named_barrier(False, ID, again)
+    else:
+        mbarrier.wait(p_free.index(idx), ph)
 
 
 @gluon.jit
@@ -2204,10 +2243,12 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     middle of the pair and block b + 2 loads under the pair's second half (without it, both
     stages are released at the end of the pair and group 0 waits for b + 2's right half).
     NAMED: the row maxima and the P tiles pass between the groups on hardware named barriers
-    (``_named_barrier``, IDs 8-11: m_ready 0 / 1, p_ready 0 / 1) instead of mbarriers. Each
-    is one group's arrive and the other's sync once per pair (and in the odd last block), in
-    an order the pair's other waits keep alternating: a group cannot hand over its next pair's
-    max or P before the other took this pair's."""
+    (``_named_barrier``, IDs 8-11: m_ready 0 / 1, p_ready 0 / 1; 12 / 13: p_free 0 / 1)
+    instead of mbarriers. Each is one group's arrive and the other's sync once per pair (and
+    in the odd last block), in an order the pair's other waits keep alternating: a group
+    cannot hand over its next pair's max or P before the other took this pair's; a P tile is
+    freed only where the owner writes it again, and the owner syncs only where it wrote it
+    before."""
     (q_smem, kv_smem, sp_smem, sm_smem, sl_smem, q_bar, ready, empty, m_ready, p_ready, p_free, l_bar, Seq_Lens,
      Real_Lens, O, Lse, Mid, K_Scale, qk_scale, num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size,
      num_pages, kv_capacity, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
@@ -2262,7 +2303,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             _seesaw_take(m_ready.index(1), ph, NAMED, 9)
             m_b1 = sm_smem.index(1).load(ROW)
             s1 = gl.exp2(m_b - gl.where(m_b1 == float("-inf"), 0.0, m_b1))  # m_b's frame -> m_{b+1}'s
-            mbarrier.wait(p_free.index(0), ph ^ 1)
+            _p_tile_free(p_free, 0, ph ^ 1, NAMED, 12, pr > 0)
             _seesaw_publish((p * s1[:, None]).to(sp_smem.dtype), sp_smem.index(0), p_ready.index(0), NAMED, 10)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
             mbarrier.arrive(empty.index(0), count=1)  # L of stage 0
@@ -2278,7 +2319,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             t0, t1, t2, t3 = _pv_issue(sp_smem.index(1), kv_smem, N_DT + zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
             mbarrier.arrive(empty.index(3), count=1)  # L of stage 1
-            mbarrier.arrive(p_free.index(1), count=1)
+            _p_tile_freed(p_free, 1, NAMED, 13, pr + 1 < n_pairs)  # P_{b+3} follows in the next pair
         else:
             _seesaw_take(m_ready.index(0), ph, NAMED, 8)
             m_b = sm_smem.index(0).load(ROW)
@@ -2291,21 +2332,21 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                 _zero_v_tail(kv_smem, N_DT + zero, V0, V_TILES, kv_end - start0 - BLOCK_N, BLOCK_N)
             if STAGE_ORDER:
                 pb = p.to(sp_smem.dtype)
-                mbarrier.wait(p_free.index(1), ph ^ 1)
+                _p_tile_free(p_free, 1, ph ^ 1, NAMED, 13, pr > 0)
                 _seesaw_publish(pb, sp_smem.index(1), p_ready.index(1), NAMED, 11)
                 p_op = gl.convert_layout(pb, OP_A)
                 _seesaw_take(p_ready.index(0), ph, NAMED, 10)
                 t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(1), count=1)  # R of stage 0
-                mbarrier.arrive(p_free.index(0), count=1)
+                _p_tile_freed(p_free, 0, NAMED, 12, 2 * pr + 2 < n_blocks)  # P_{b+2} follows
                 t0, t1, t2, t3 = _pv_issue(p_op, kv_smem, N_DT + zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(3 + 1), count=1)  # R of stage 1
             else:
                 t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, N_DT + zero + V0,
                                            acc0, acc1, acc2, acc3, BLOCK_N)
-                mbarrier.wait(p_free.index(1), ph ^ 1)
+                _p_tile_free(p_free, 1, ph ^ 1, NAMED, 13, pr > 0)
                 _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(1), p_ready.index(1), NAMED, 11)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(3 + 1), count=1)  # R of stage 1
@@ -2313,7 +2354,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                 t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(1), count=1)  # R of stage 0
-                mbarrier.arrive(p_free.index(0), count=1)
+                _p_tile_freed(p_free, 0, NAMED, 12, 2 * pr + 2 < n_blocks)  # P_{b+2} follows
         # My next block's scores (b + 2 or b + 3), once my wgmmas on this pair are done.
         if 2 * pr + 2 + WG < n_blocks:
             tq = _seesaw_scores(WG, q_smem, q_rope, kv_smem, ready, zero, ph ^ 1, qk, BLOCK_N, N_DT, STAGE_ORDER)
@@ -2335,7 +2376,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                 _zero_v_tail(kv_smem, zero, V0, V_TILES, kv_end - start0, BLOCK_N)
             t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, zero + V0, acc0, acc1,
                                        acc2, acc3, BLOCK_N)
-            mbarrier.wait(p_free.index(0), ph ^ 1)
+            _p_tile_free(p_free, 0, ph ^ 1, NAMED, 12, n_pairs > 0)
             _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(0), p_ready.index(0), NAMED, 10)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
         else:
