@@ -23,7 +23,7 @@ from benchmarks.shapes import SHAPES, Case, flops, prefill_tflops, unique_bytes 
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "h200"
 # The committed files each plot reads (MANIFEST.md lists their commands).
-DECODE_TABLE = RESULTS / "v21" / "ab_table_M1-M7.json"  # mla_ops: the table's launch
+DECODE_TABLE = RESULTS / "v22" / "decode_verify_flashmla.json"  # mla_ops: the table's launch
 DECODE_ANCHORS = RESULTS / "anchors_decode.json"  # vLLM, FlashMLA, that machine's ceilings
 DECODE_GRID = RESULTS / "v5" / "ab_grid_families_summary.json"  # the 48-point grid
 ENCODER = RESULTS / "v6" / "prefill.json"  # P1–P8, C7, C8 with SDPA's backends
@@ -64,7 +64,8 @@ def decode_points() -> list[dict]:
     """M1–M7: ``{"shape", "case", "bytes", "flops", "intensity", "impls": {name: {"us",
     "TBps", "TFLOPs"}}}`` for mla_ops (the table's launch and the family it ran), FlashMLA
     (``"sparse": True`` where only its sparse fp8 kernel applies) and vLLM Triton."""
-    ours = {r["shape"]: r for r in _load(DECODE_TABLE)["rows"] if r["variant"] == "table"}
+    # (an A/B file's rows name their variant; benchmark_decode_verify.py's are the table's launch)
+    ours = {r["shape"]: r for r in _load(DECODE_TABLE)["rows"] if r.get("variant", "table") == "table"}
     anchors = {r["shape"]: r for r in _load(DECODE_ANCHORS)["rows"]}
     points = []
     for name, shape in SHAPES.items():

@@ -239,6 +239,33 @@ SM90_GLUON_ROUTES = [
 ]
 
 
+# (batch, qlen, H, fp8) -> whether the sm_90 table hands over on named barriers (NAMED_EXCHANGE):
+# its seesaw rules at H >= 64 from 8192 to 16384 rows and at H 16/32 from 4096 rows, where two
+# A/B runs agree (benchmarks/NOTES.md, the sm_90 family's Tried), nowhere else.
+SM90_NAMED_ROUTES = [
+    ((128, 1, 128, False), 1),  # M5
+    ((32, 4, 128, False), 1),  # M6
+    ((32, 2, 128, False), 1),  # 8192 rows
+    ((128, 4, 16, False), 1),  # M3
+    ((32, 1, 128, False), 0),  # 4096 rows at H128: the seesaw without STAGE_ORDER
+    ((1, 2, 128, False), 0),  # B1: the same
+    ((128, 2, 128, False), 0),  # 32768 rows: alt with QK_FIRST
+    ((32, 4, 16, False), 0),  # H16 alt (2048 rows)
+    ((16, 2, 128, True), 0),  # M7: fp8 alt
+    ((32, 2, 16, False), 0),  # M2: swap-AB
+]
+
+
+@pytest.mark.parametrize("facts,named", SM90_NAMED_ROUTES, ids=[str(f) for f, _ in SM90_NAMED_ROUTES])
+def test_sm_90_named_exchange_rules(facts, named):
+    """NAMED_EXCHANGE is on exactly where the table's A/B runs kept it."""
+    batch, qlen, heads, fp8 = facts
+    with mock_platform("sm_90"):
+        got = select_verify_config(batch, qlen, heads, fp8=fp8, gluon=True)
+    assert got["family"] == "gluon"
+    assert got["NAMED_EXCHANGE"] == named
+
+
 @pytest.mark.parametrize("facts,route", SM90_GLUON_ROUTES, ids=[str(f) for f, _ in SM90_GLUON_ROUTES])
 def test_sm_90_gluon_schedules(facts, route):
     """The sm_90 table's Gluon rules route each class of launch to the schedule its A/B picked

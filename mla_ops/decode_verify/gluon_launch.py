@@ -99,9 +99,9 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # workspace's 4-byte-aligned rows, Lv + 1 floats, written in two halves).
     "STAGE_OUT": 0,
     # "alt" and "seesaw": the P tiles (and the seesaw's row maxima) pass between the two consumer
-    # groups on hardware
-    # named barriers (every thread's bar.arrive / bar.sync) instead of mbarriers (a bar.sync of
-    # the group's 128 threads, then one thread's arrive; the taker polls the phase).
+    # groups on hardware named barriers (every thread's bar.arrive / bar.sync) instead of
+    # mbarriers (a bar.sync of the group's 128 threads, then one thread's arrive; the taker polls
+    # the phase). Passed to the kernel only when set (without it the kernel is the one before).
     "NAMED_EXCHANGE": 0,
     # "swapab" only: the two consumer groups take alternate blocks (a ring stage each), each with
     # all 512 columns of O^T, merged through shared memory at the split's end, instead of both
@@ -267,7 +267,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
             extra["NAMED_EXCHANGE"] = True
     elif kernel is _gk._verify_stage1_seesaw:
         extra = {"STAGE_ORDER": bool(c["STAGE_ORDER"]), "STAGE_PRODUCERS": bool(c["STAGE_PRODUCERS"])}
-        if c["NAMED_EXCHANGE"]:  # passed only when set: the kernel without it is the one before the key
+        if c["NAMED_EXCHANGE"]:
             extra["NAMED_EXCHANGE"] = True
     elif kernel is _gk._verify_stage1_swapab:
         extra = {"ROWS": 16 if qlen * num_heads <= 16 else 32, "ALT_BLOCKS": bool(c["SWAPAB_BLOCKS"])}
