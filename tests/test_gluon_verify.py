@@ -199,7 +199,8 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, single, False, False)
 # constexpr branch of the code compiles, in half the time of the full list.
 BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", True, 128), ("redundant", True, 16),
               ("alt-qkfirst-out", False, 128), ("seesaw-prod-out", False, 128), ("seesaw-stage-prod", False, 16),
-              ("seesaw-prod", True, 128), ("swapab-blocks", True, 16)}
+              ("seesaw-prod", True, 128), ("swapab-blocks", True, 16),
+              ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -314,15 +315,9 @@ def test_swapab_takes_requests_of_at_most_32_rows(qlen, heads, tree, ragged, cp,
     assert gla.swapab_takes(qlen, heads, tree=tree, ragged=ragged, context_parallel=cp) is takes
 
 
-@pytest.mark.parametrize("qlen,heads,tree,kernel,rows", [
-    (2, 16, False, "_verify_stage1_swapab", 32), (1, 16, False, "_verify_stage1_swapab", 16),
-    (1, 32, False, "_verify_stage1_swapab", 32), (3, 16, False, "_verify_stage1_alt", None),
-    (2, 16, True, "_verify_stage1_alt", None)])
-@pytest.mark.parametrize("blocks", [0, 1])
-def test_swapab_config_launches_the_kernel_that_takes_it(qlen, heads, tree, kernel, rows, blocks, monkeypatch):
-    """The launcher with ``SCHEDULE: swapab`` (CPU: descriptors and the launch recorded, not
-    run): the swap-AB kernel with ROWS 16 / 32 and ALT_BLOCKS as the config's SWAPAB_BLOCKS
-    where ``swapab_takes``, the alt kernel (with its own keys) otherwise."""
+def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False):
+    """``launch_verify_stage1_gluon`` with ``cfg`` on a small bf16 case (CPU: descriptors and the
+    launch recorded, not run): ``(kernel, its keyword arguments)``."""
     if gla._gk is None:
         pytest.skip("the Gluon kernels do not import here")
     seen = {}
@@ -337,10 +332,24 @@ def test_swapab_config_launches_the_kernel_that_takes_it(qlen, heads, tree, kern
     lse = torch.empty(B * qlen, heads, dtype=torch.float32)
     tree_mask = torch.ones(B * qlen, qlen, dtype=torch.int64) if tree else None
     gla.launch_verify_stage1_gluon(q, k, torch.ones(()), table, lens, lens, False, o, lse, None, qlen, 1, 0.1,
-                                   page, LV, {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": blocks}, tree_mask=tree_mask)
-    assert seen["fn"] is getattr(gla._gk, kernel)
-    assert seen["kw"].get("ROWS") == rows
-    assert seen["kw"].get("ALT_BLOCKS") == (bool(blocks) if rows else None)
+                                   page, LV, cfg, tree_mask=tree_mask)
+    return seen["fn"], seen["kw"]
+
+
+@pytest.mark.parametrize("qlen,heads,tree,kernel,rows", [
+    (2, 16, False, "_verify_stage1_swapab", 32), (1, 16, False, "_verify_stage1_swapab", 16),
+    (1, 32, False, "_verify_stage1_swapab", 32), (3, 16, False, "_verify_stage1_alt", None),
+    (2, 16, True, "_verify_stage1_alt", None)])
+@pytest.mark.parametrize("blocks", [0, 1])
+def test_swapab_config_launches_the_kernel_that_takes_it(qlen, heads, tree, kernel, rows, blocks, monkeypatch):
+    """The launcher with ``SCHEDULE: swapab``: the swap-AB kernel with ROWS 16 / 32 and
+    ALT_BLOCKS as the config's SWAPAB_BLOCKS where ``swapab_takes``, the alt kernel (with its
+    own keys) otherwise."""
+    fn, kw = _recorded_launch(qlen, heads, {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": blocks}, monkeypatch, tree)
+    assert fn is getattr(gla._gk, kernel)
+    assert kw.get("ROWS") == rows
+    assert kw.get("ALT_BLOCKS") == (bool(blocks) if rows else None)
+
 
 @pytest.mark.parametrize("schedule,heads,qlen,kernel,named", [
     ("alt", 16, 4, "_verify_stage1_alt", True), ("seesaw", 128, 1, "_verify_stage1_seesaw", True),
@@ -352,22 +361,9 @@ def test_named_exchange_reaches_the_schedules_that_hand_over(schedule, heads, ql
     """NAMED_EXCHANGE is passed to the two schedules whose consumer groups hand P over (alt,
     also where swap-AB gives a launch to alt, and the seesaw), only when set (without it the
     kernel is the one before the key), and never to the others."""
-    if gla._gk is None:
-        pytest.skip("the Gluon kernels do not import here")
-    seen = {}
-    monkeypatch.setattr(gla, "_descriptors", lambda *a: ("q_desc", "k_desc"))
-    monkeypatch.setattr(gla, "launch", lambda fn, grid, *args, **kw: seen.update(fn=fn, kw=kw))
-    B, page = 2, 64
-    q = torch.randn(B * qlen, heads, LK, dtype=torch.bfloat16)
-    k = torch.randn(4, page, 1, LK, dtype=torch.bfloat16)
-    table = torch.zeros(B, 4, dtype=torch.int32)
-    lens = torch.full((B,), 100, dtype=torch.int32)
-    o = torch.empty(B * qlen, heads, LV, dtype=torch.bfloat16)
-    lse = torch.empty(B * qlen, heads, dtype=torch.float32)
-    gla.launch_verify_stage1_gluon(q, k, torch.ones(()), table, lens, lens, False, o, lse, None, qlen, 1, 0.1,
-                                   page, LV, {"SCHEDULE": schedule, "NAMED_EXCHANGE": key})
-    assert seen["fn"] is getattr(gla._gk, kernel)
-    assert seen["kw"].get("NAMED_EXCHANGE") == (named if key else None)
+    fn, kw = _recorded_launch(qlen, heads, {"SCHEDULE": schedule, "NAMED_EXCHANGE": key}, monkeypatch)
+    assert fn is getattr(gla._gk, kernel)
+    assert kw.get("NAMED_EXCHANGE") == (named if key else None)
 
 
 # (mocked arch, page size, the reason contains; None: the family covers the launch)
