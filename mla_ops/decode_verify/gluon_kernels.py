@@ -1005,10 +1005,7 @@ def _pv_prev(kv_smem, sp_smem, sa_smem, p_ready, sp, jp, l_i, acc0, acc1, acc2, 
     """The other group's block jp (stage / P tile sp): wait for its P and alpha (NAMED: on named
     barrier 8 + sp), rescale my O half and row sums, zero the tail's V rows, issue my half of
     P V. Returns (l, the 4 in-flight accumulators)."""
-    if NAMED:
-        _named_barrier(False, 8 + sp)
-    else:
-        mbarrier.wait(p_ready.index(sp), (jp // 2) & 1)
+    _take_over(p_ready.index(sp), (jp // 2) & 1, NAMED, 8 + sp)
     alpha = sa_smem.index(sp).load(ROW)
     l_i = l_i * alpha
     acc0 = acc0 * alpha[:, None]
@@ -1047,15 +1044,12 @@ def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_sme
     m_prev = sm_smem.load(ROW)
     m_prev = gl.where(j > 0, m_prev, float("-inf"))  # (garbage before block 0)
     m_new, alpha, p, l_i = _online_softmax(sc, m_prev, l_i)
-    _p_tile_free(p_free, s, ((j // 2) & 1) ^ 1, NAMED, 12 + s, j >= 2)
+    _take_over(p_free.index(s), ((j // 2) & 1) ^ 1, NAMED, 12 + s, j >= 2)
     sp_smem.index(s).store(p.to(sp_smem.dtype))
     sa_smem.index(s).store(alpha)
     sm_smem.store(m_new)
     fence_async_shared()
-    if NAMED:
-        _named_barrier(True, 8 + s)
-    else:
-        mbarrier.arrive(p_ready.index(s), count=1)
+    _hand_over(p_ready.index(s), NAMED, 8 + s)
     return l_i, alpha
 
 
@@ -1152,7 +1146,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                                                    ROW, NAMED)
                     qk, acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(tq, t0, t1, t2, t3))
                     mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-                    _p_tile_freed(p_free, sp, NAMED, 12 + sp, j + 1 < n_blocks)
+                    _hand_over(p_free.index(sp), NAMED, 12 + sp, j + 1 < n_blocks)
                 else:
                     qk = warpgroup_mma_wait(0, deps=(tq, ))
             else:
@@ -1160,7 +1154,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                                                acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, NAMED)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-                _p_tile_freed(p_free, sp, NAMED, 12 + sp, j + 1 < n_blocks)
+                _hand_over(p_free.index(sp), NAMED, 12 + sp, j + 1 < n_blocks)
         else:
             # My half of P_{j-1} V_{j-1} first, my scores queued behind it.
             if j >= 1 and EARLY_RELEASE:
@@ -1170,7 +1164,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                                                acc2, acc3, split_start, kv_end, V0, V_TILES, BLOCK_N, N_DT, ROW, NAMED)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-                _p_tile_freed(p_free, sp, NAMED, 12 + sp, j + 1 < n_blocks)
+                _hand_over(p_free.index(sp), NAMED, 12 + sp, j + 1 < n_blocks)
                 if j < n_blocks:
                     tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, (j // 2) & 1, qk,
                                        BLOCK_N, N_DT)
@@ -1185,7 +1179,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                 else:
                     acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(2 * sp + WG), count=1)  # my half of block j - 1 is done
-                _p_tile_freed(p_free, sp, NAMED, 12 + sp, j + 1 < n_blocks)
+                _hand_over(p_free.index(sp), NAMED, 12 + sp, j + 1 < n_blocks)
             else:
                 tq = _issue_scores(WG, q_smem, q_rope, kv_smem, ready, base, zero, 0, qk, BLOCK_N, N_DT)
                 qk = warpgroup_mma_wait(0, deps=(tq, ))
@@ -2186,47 +2180,32 @@ def _named_barrier(ARRIVE: gl.constexpr, ID, pred=None):
 
 
 @gluon.jit
-def _p_tile_freed(p_free, idx, NAMED: gl.constexpr, ID, more):
-    """The group that read the other group's P tile ``idx`` gives it back: an arrive on the
-    mbarrier ``p_free[idx]``, or (NAMED) on named barrier ID, only where the owner will write
-    that tile again (``more``: a later P of the same tile follows), so that every arrive has
-    the owner's sync."""
+def _hand_over(bar, NAMED: gl.constexpr, ID, pred=None):
+    """Signal the other consumer group: an arrive on the mbarrier ``bar``, or (NAMED) on named
+    barrier ID, there only where ``pred`` (a release that no later sync would match is left
+    out; an mbarrier keeps its phase and needs no such care)."""
     if NAMED:
-        _named_barrier(True, ID, more)
-    else:
-        mbarrier.arrive(p_free.index(idx), count=1)
-
-
-@gluon.jit
-def _p_tile_free(p_free, idx, ph, NAMED: gl.constexpr, ID, again):
-    """The owner waits until its P tile ``idx`` may be written: the mbarrier's phase ``ph``,
-    or (NAMED) named barrier ID where the tile was written before (``again``; a fresh tile is
-    free)."""
-    if NAMED:
-        _named_barrier(False, ID, again)
-    else:
-        mbarrier.wait(p_free.index(idx), ph)
-
-
-@gluon.jit
-def _seesaw_publish(x, slot, bar, NAMED: gl.constexpr = False, ID: gl.constexpr = 0):
-    """Hand a tile or a row vector to the other group: store, fence, arrive (NAMED: on named
-    barrier ID instead of the mbarrier ``bar``)."""
-    slot.store(x)
-    fence_async_shared()
-    if NAMED:
-        _named_barrier(True, ID)
+        _named_barrier(True, ID, pred)
     else:
         mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
-def _seesaw_take(bar, ph, NAMED: gl.constexpr = False, ID: gl.constexpr = 0):
-    """Wait for what the other group handed over with ``_seesaw_publish``."""
+def _take_over(bar, ph, NAMED: gl.constexpr, ID, pred=None):
+    """Wait for the other consumer group's ``_hand_over``: the mbarrier ``bar`` at phase ``ph``,
+    or (NAMED) named barrier ID, there only where ``pred`` (a fresh P tile needs no wait)."""
     if NAMED:
-        _named_barrier(False, ID)
+        _named_barrier(False, ID, pred)
     else:
         mbarrier.wait(bar, ph)
+
+
+@gluon.jit
+def _seesaw_publish(x, slot, bar, NAMED: gl.constexpr = False, ID: gl.constexpr = 0):
+    """Hand a tile or a row vector to the other group: store, fence, ``_hand_over``."""
+    slot.store(x)
+    fence_async_shared()
+    _hand_over(bar, NAMED, ID)
 
 
 @gluon.jit
@@ -2300,10 +2279,10 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             # (block b is never the tail of a full pair: b + 1 starts before kv_end)
             t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, zero + V0, acc0, acc1,
                                        acc2, acc3, BLOCK_N)
-            _seesaw_take(m_ready.index(1), ph, NAMED, 9)
+            _take_over(m_ready.index(1), ph, NAMED, 9)
             m_b1 = sm_smem.index(1).load(ROW)
             s1 = gl.exp2(m_b - gl.where(m_b1 == float("-inf"), 0.0, m_b1))  # m_b's frame -> m_{b+1}'s
-            _p_tile_free(p_free, 0, ph ^ 1, NAMED, 12, pr > 0)
+            _take_over(p_free.index(0), ph ^ 1, NAMED, 12, pr > 0)
             _seesaw_publish((p * s1[:, None]).to(sp_smem.dtype), sp_smem.index(0), p_ready.index(0), NAMED, 10)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
             mbarrier.arrive(empty.index(0), count=1)  # L of stage 0
@@ -2313,15 +2292,15 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             acc1 = acc1 * s1[:, None]
             acc2 = acc2 * s1[:, None]
             acc3 = acc3 * s1[:, None]
-            _seesaw_take(p_ready.index(1), ph, NAMED, 11)
+            _take_over(p_ready.index(1), ph, NAMED, 11)
             if start0 + 2 * BLOCK_N > kv_end:
                 _zero_v_tail(kv_smem, N_DT + zero, V0, V_TILES, kv_end - start0 - BLOCK_N, BLOCK_N)
             t0, t1, t2, t3 = _pv_issue(sp_smem.index(1), kv_smem, N_DT + zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
             mbarrier.arrive(empty.index(3), count=1)  # L of stage 1
-            _p_tile_freed(p_free, 1, NAMED, 13, pr + 1 < n_pairs)  # P_{b+3} follows in the next pair
+            _hand_over(p_free.index(1), NAMED, 13, pr + 1 < n_pairs)  # P_{b+3} follows in the next pair
         else:
-            _seesaw_take(m_ready.index(0), ph, NAMED, 8)
+            _take_over(m_ready.index(0), ph, NAMED, 8)
             m_b = sm_smem.index(0).load(ROW)
             sc, m_b1 = _seesaw_max(qk, m_b, qk_scale, start0 + BLOCK_N, full_end, lim, Tree_Mask, row_base, qlen,
                                    tok0, qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
@@ -2332,29 +2311,29 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                 _zero_v_tail(kv_smem, N_DT + zero, V0, V_TILES, kv_end - start0 - BLOCK_N, BLOCK_N)
             if STAGE_ORDER:
                 pb = p.to(sp_smem.dtype)
-                _p_tile_free(p_free, 1, ph ^ 1, NAMED, 13, pr > 0)
+                _take_over(p_free.index(1), ph ^ 1, NAMED, 13, pr > 0)
                 _seesaw_publish(pb, sp_smem.index(1), p_ready.index(1), NAMED, 11)
                 p_op = gl.convert_layout(pb, OP_A)
-                _seesaw_take(p_ready.index(0), ph, NAMED, 10)
+                _take_over(p_ready.index(0), ph, NAMED, 10)
                 t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(1), count=1)  # R of stage 0
-                _p_tile_freed(p_free, 0, NAMED, 12, 2 * pr + 2 < n_blocks)  # P_{b+2} follows
+                _hand_over(p_free.index(0), NAMED, 12, 2 * pr + 2 < n_blocks)  # P_{b+2} follows
                 t0, t1, t2, t3 = _pv_issue(p_op, kv_smem, N_DT + zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(3 + 1), count=1)  # R of stage 1
             else:
                 t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, N_DT + zero + V0,
                                            acc0, acc1, acc2, acc3, BLOCK_N)
-                _p_tile_free(p_free, 1, ph ^ 1, NAMED, 13, pr > 0)
+                _take_over(p_free.index(1), ph ^ 1, NAMED, 13, pr > 0)
                 _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(1), p_ready.index(1), NAMED, 11)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(3 + 1), count=1)  # R of stage 1
-                _seesaw_take(p_ready.index(0), ph, NAMED, 10)
+                _take_over(p_ready.index(0), ph, NAMED, 10)
                 t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
                 mbarrier.arrive(empty.index(1), count=1)  # R of stage 0
-                _p_tile_freed(p_free, 0, NAMED, 12, 2 * pr + 2 < n_blocks)  # P_{b+2} follows
+                _hand_over(p_free.index(0), NAMED, 12, 2 * pr + 2 < n_blocks)  # P_{b+2} follows
         # My next block's scores (b + 2 or b + 3), once my wgmmas on this pair are done.
         if 2 * pr + 2 + WG < n_blocks:
             tq = _seesaw_scores(WG, q_smem, q_rope, kv_smem, ready, zero, ph ^ 1, qk, BLOCK_N, N_DT, STAGE_ORDER)
@@ -2376,11 +2355,11 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                 _zero_v_tail(kv_smem, zero, V0, V_TILES, kv_end - start0, BLOCK_N)
             t0, t1, t2, t3 = _pv_issue(gl.convert_layout(p.to(sp_smem.dtype), OP_A), kv_smem, zero + V0, acc0, acc1,
                                        acc2, acc3, BLOCK_N)
-            _p_tile_free(p_free, 0, ph ^ 1, NAMED, 12, n_pairs > 0)
+            _take_over(p_free.index(0), ph ^ 1, NAMED, 12, n_pairs > 0)
             _seesaw_publish(p.to(sp_smem.dtype), sp_smem.index(0), p_ready.index(0), NAMED, 10)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
         else:
-            _seesaw_take(m_ready.index(0), ph, NAMED, 8)
+            _take_over(m_ready.index(0), ph, NAMED, 8)
             m_b = sm_smem.index(0).load(ROW)
             alpha = gl.exp2(m_f - gl.where(m_b == float("-inf"), 0.0, m_b))
             m_f = m_b
@@ -2389,7 +2368,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             acc1 = acc1 * alpha[:, None]
             acc2 = acc2 * alpha[:, None]
             acc3 = acc3 * alpha[:, None]
-            _seesaw_take(p_ready.index(0), ph, NAMED, 10)
+            _take_over(p_ready.index(0), ph, NAMED, 10)
             if start0 + BLOCK_N > kv_end:
                 _zero_v_tail(kv_smem, zero, V0, V_TILES, kv_end - start0, BLOCK_N)
             t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
