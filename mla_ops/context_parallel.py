@@ -389,7 +389,8 @@ class CPVerify:
             num_kv_splits = verify_num_kv_splits(max(1, local_max), max_batch, max_qlen,
                                                  num_heads, platform.current().sm_count,
                                                  block_h=cfg["BLOCK_H"],
-                                                 min_work_per_split=cfg["SPLIT_WORK"])
+                                                 min_work_per_split=cfg["SPLIT_WORK"],
+                                                 balance=cfg.get("BALANCE", 0))
         self.num_kv_splits = num_kv_splits
         dev = torch.device(device)
         self._o_part = torch.empty(self.max_rows * num_heads * Lv, dtype=dtype, device=dev)

@@ -11,6 +11,7 @@ poisoned with NaN before each call. Bad arguments are ``tests/test_argument_rule
 from __future__ import annotations
 
 import itertools
+import types
 
 import pytest
 import torch
@@ -134,6 +135,78 @@ def test_launch_features_match_reference(device, kw, feature):
         for splits in (1, 3):
             o, lse = case.run(splits, config)
             case.assert_matches(o, lse)
+
+
+# --- balanced splits (BALANCE: splits.py) ---------------------------------------------------
+
+def balanced_pieces(case, cap: int, balance: int) -> list[int]:
+    """What ``splits.balanced_splits`` gives each request of ``case`` (a plain mirror of it on
+    the host): ``round(cap // balance * B * n / sum(n))`` in ``[1, cap]``, n the keys the
+    request reads (``min(L, L_real)``; the single-GPU kernel)."""
+    lens = case.seq_lens.tolist()
+    real = case.real_seq_lens.tolist() if case.real_seq_lens is not None else lens
+    n = [max(min(a, b), 0) for a, b in zip(lens, real)]
+    total, batch, target = sum(n), len(n), max(cap // balance, 1)
+    return [min(max((2 * target * batch * x + total) // (2 * max(total, 1)), 1), cap) for x in n]
+
+
+# (id, decode_case kwargs, split cap, BALANCE): lengths far apart, so that the pieces differ
+# per request (long ones take up to BALANCE x the equal-length count, short ones fewer), one
+# request of one piece beside split ones; padded drafts; fp8; equal lengths.
+BALANCE_CASES = [
+    ("B5-H4-q2-uneven-fp16", dict(batch=5, heads=4, qlen=2, lens=(1, 30, 200, 300, 64), page=16,
+                                  dtype=torch.float16), 4, 2),
+    ("B4-H3-q3-real-fp32", dict(batch=4, heads=3, qlen=3, lens=(250, 40, 129, 3), real=(100, 40, 0, 3),
+                                page=16), 6, 2),
+    ("B3-H4-q2-fp8", dict(batch=3, heads=4, qlen=2, lens=(45, 170, 300), page=16, dtype=torch.float16,
+                          cache_dtype=FP8), 6, 3),
+    ("B3-H2-q1-equal-fp32", dict(batch=3, heads=2, qlen=1, lens=(96, 96, 96), page=16), 4, 2),
+    ("B2-H4-q4-cap2-fp16", dict(batch=2, heads=4, qlen=4, lens=(20, 300), page=16, dtype=torch.float16), 2, 2),
+]
+
+
+@pytest.mark.parametrize("variant", ["plain", "swap-h16", "persistent"])
+@pytest.mark.parametrize("kw,cap,balance", [c[1:] for c in BALANCE_CASES], ids=[c[0] for c in BALANCE_CASES])
+def test_balanced_splits_match_reference(device, kw, cap, balance, variant):
+    """Balanced splits meet the rule, and the workspace shows how each request was cut: a
+    request of one piece went straight to o (slot 1's lse +inf, nothing else written), one of
+    k pieces has lse -inf in its slots past k and no NaN below (every slot written)."""
+    case = decode_case(device, **kw)
+    config = {**SMALL_SPLITS, "BALANCE": balance}
+    if variant == "swap-h16":
+        config.update(SWAP["swap-h16"], BLOCK_N=16)
+    args = case.op_args(cap)
+    with platform.mock_platform("sm_90", sm_count=1) if variant == "persistent" else _nothing():
+        if variant == "persistent":
+            config["PERSISTENT"] = 2  # 2 programs looping over every (row block, request, slot)
+        decode_attention_fwd_verify(**args, config=config)
+    case.assert_matches(args["o"], args["lse"])
+    slot_lse = args["attn_logits"][..., case.Lv]  # [rows, H, cap]
+    for (r0, n), k in zip(case.spans(), balanced_pieces(case, cap, balance)):
+        lse_b = slot_lse[r0:r0 + n]
+        if k == 1:
+            assert (lse_b[:, :, 1] == float("inf")).all(), "one piece: slot 1 tells stage 2 it is done"
+            assert lse_b[:, :, 2:].isnan().all() and lse_b[:, :, 0].isnan().all(), "one piece: no partial"
+        else:
+            assert not lse_b[:, :, :k].isnan().any(), f"{k} pieces: every slot below {k} written"
+            assert (lse_b[:, :, k:] == float("-inf")).all(), f"{k} pieces: the slots past {k} unused"
+
+
+def _nothing():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def test_balanced_splits_of_equal_lengths_are_the_plain_count():
+    """Equal lengths: every request gets ``cap // balance`` pieces, the count a launch
+    without the key runs with ``verify_num_kv_splits``' own (un-multiplied) cap."""
+    from mla_ops.decode_verify.splits import verify_num_kv_splits
+    for batch, L in ((3, 96), (32, 4096), (128, 4096)):
+        plain = verify_num_kv_splits(L, batch, 2, 16, 132, block_h=64, min_work_per_split=256, balance=0)
+        cap = verify_num_kv_splits(L, batch, 2, 16, 132, block_h=64, min_work_per_split=256, balance=2)
+        assert cap == 2 * plain
+        case = types.SimpleNamespace(seq_lens=torch.full((batch,), L), real_seq_lens=None)
+        assert balanced_pieces(case, cap, 2) == [plain] * batch
 
 
 @pytest.mark.parametrize("why,kw,config", [
@@ -343,6 +416,39 @@ def test_gpu_launch_features_match_reference(device, kw, splits, dtype_name, con
     for s in sorted({1, splits}):
         o, lse = case.run(s, config)
         case.assert_matches(o, lse)
+
+
+# Balanced splits on the GPU at serving shapes, through the op with the table's config (the
+# Gluon family where it takes the launch) and the portable one: lengths far apart (a request of
+# one piece beside split ones), padded drafts, fp8; the slots show each request's pieces.
+GPU_BALANCE = [
+    ("B6-H16-q2-bf16", dict(batch=6, heads=16, qlen=2, lens=(4000, 64, 1, 900, 2500, 130), page=64), 8, "bf16"),
+    ("B4-H16-q4-real-bf16", dict(batch=4, heads=16, qlen=4, lens=(3000, 200, 1200, 70), real=(2990, 0, 1200, 70),
+                                 page=64), 6, "bf16"),
+    ("B3-H128-q1-bf16", dict(batch=3, heads=128, qlen=1, lens=(5000, 300, 1000), page=64), 4, "bf16"),
+    ("B5-H16-q2-fp8", dict(batch=5, heads=16, qlen=2, lens=(2000, 5, 700, 64, 3333), page=64), 8, "fp8"),
+    ("B3-H128-q2-fp8", dict(batch=3, heads=128, qlen=2, lens=(4096, 100, 700), page=128), 4, "fp8"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["table", "triton"])
+@pytest.mark.parametrize("kw,cap,dtype_name", [c[1:] for c in GPU_BALANCE], ids=[c[0] for c in GPU_BALANCE])
+def test_gpu_balanced_splits_match_reference(device, kw, cap, dtype_name, family):
+    dtype, cache = GPU_DTYPES[dtype_name]
+    case = decode_case(device, dtype=dtype, cache_dtype=cache, **kw)
+    config = {"BALANCE": 2} if family == "table" else {"family": "triton", "BALANCE": 2}
+    args = case.op_args(cap)
+    decode_attention_fwd_verify(**args, config=config)
+    torch.cuda.synchronize()
+    case.assert_matches(args["o"], args["lse"])
+    slot_lse = args["attn_logits"][..., case.Lv]
+    for (r0, n), k in zip(case.spans(), balanced_pieces(case, cap, 2)):
+        lse_b = slot_lse[r0:r0 + n]
+        if k == 1:
+            assert (lse_b[:, :, 1] == float("inf")).all()
+        else:
+            assert not lse_b[:, :, :k].isnan().any() and (lse_b[:, :, k:] == float("-inf")).all()
 
 
 @pytest.mark.gpu

@@ -91,6 +91,8 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
 
     from mla_ops.decode_verify import gluon_kernels as gk
 
+    balance = schedule.endswith("-bal")  # balanced splits (the config's BALANCE 2)
+    schedule = schedule.removesuffix("-bal")
     stage_out = schedule.endswith("-out")
     schedule = schedule.removesuffix("-out")
     named = schedule.endswith("-named")  # the seesaw's handovers on named barriers (NAMED_EXCHANGE)
@@ -138,6 +140,9 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs["STAGE_OUT"] = True
     if named:
         constexprs["NAMED_EXCHANGE"] = True
+    if balance:
+        assert not single, "balanced splits need a workspace (splits > 1)"
+        constexprs["BALANCE"] = 2
     if schedule.startswith("seesaw-stage"):
         constexprs["STAGE_ORDER"] = True
     if schedule.endswith("-prod"):
@@ -193,6 +198,12 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, single, False, False)
              for h, sched, fp8, single in ((128, "seesaw-stage-prod-named-out", False, True),
                                            (16, "seesaw-stage-prod-named-out", False, False),
                                            (128, "alt-early-named-out", True, False))]
+# Balanced splits (BALANCE 2; only with splits): the epilogue that writes o, the split's slot or
+# an lse fill by the request's pieces, after the staged and the accumulator-layout stores, the
+# swap-AB one, and the fillers' work items (producer warps, converter warps).
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, False, False, False)
+             for h, sched, fp8 in ((16, "alt-bal", False), (128, "seesaw-stage-prod-named-out-bal", False),
+                                   (16, "swapab-blocks-bal", True))]
 # On a triton the GPU does not run (the unpinned CI job), where spills and serialization are
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
@@ -200,7 +211,8 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, single, False, False)
 BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", True, 128), ("redundant", True, 16),
               ("alt-qkfirst-out", False, 128), ("seesaw-prod-out", False, 128), ("seesaw-stage-prod", False, 16),
               ("seesaw-prod", True, 128), ("swapab-blocks", True, 16),
-              ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128)}
+              ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128),
+              ("alt-bal", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -263,6 +275,12 @@ CP_EXTRA_SPILL = 16
 DRAFTS_EXTRA_SPILL = 96
 # ... but the fp8 alt kernel with both (H128, one split) spills 216 bytes in all.
 MAX_SPILL_DRAFTS = {("alt-early", True): 224}
+# Balanced splits: the epilogue keeps both destinations' pointers and strides (o / lse and the
+# workspace) and the request's piece count: alt H16 40 bytes, the seesaw 12, swap-AB 20,
+# swapab-blocks fp8 100, fp8 seesaw 108 (52 without). Read in the SASS of alt H16, swap-AB and
+# the fp8 seesaw: stored before the groups' block loops and reloaded after them; the loops
+# reload what they did without the key.
+BALANCE_EXTRA_SPILL = 56
 
 
 @pytest.mark.skipif(_BUILD_WHY is not None, reason=f"no Gluon API of the kernels here: {_BUILD_WHY}")
@@ -281,13 +299,15 @@ def test_offline_compile_sm90a(variant, offline_reports):
     # The PDL trigger is in the kernel with LAUNCH_DEPENDENTS only (the others are unchanged).
     assert r["launch_dependents"] == (schedule == "alt-pdl"), r
     # (the spill limits below hold with STAGE_OUT and NAMED_EXCHANGE too)
-    schedule = schedule.removesuffix("-out").removesuffix("-named")
+    balance = schedule.endswith("-bal")
+    schedule = schedule.removesuffix("-bal").removesuffix("-out").removesuffix("-named")
     if _GPU_CHECKED:
         # Serialized wgmmas and spills are facts of the compiler the GPU runs (triton 3.6): on
         # 3.9 the seesaw kernel's wgmmas are serialized for register pressure (C7512), but the
         # GPU never runs it there (``gluon_available``).
         assert not r["serialized"], r
-        limit = MAX_SPILL[(schedule, fp8)] + (CP_EXTRA_SPILL if cp else 0) + (DRAFTS_EXTRA_SPILL if drafts else 0)
+        limit = (MAX_SPILL[(schedule, fp8)] + (CP_EXTRA_SPILL if cp else 0) + (DRAFTS_EXTRA_SPILL if drafts else 0)
+                 + (BALANCE_EXTRA_SPILL if balance else 0))
         if drafts:
             limit = max(limit, MAX_SPILL_DRAFTS.get((schedule, fp8), 0))
         assert r["spills"] <= limit, r
@@ -315,9 +335,10 @@ def test_swapab_takes_requests_of_at_most_32_rows(qlen, heads, tree, ragged, cp,
     assert gla.swapab_takes(qlen, heads, tree=tree, ragged=ragged, context_parallel=cp) is takes
 
 
-def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False):
+def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balance=0):
     """``launch_verify_stage1_gluon`` with ``cfg`` on a small bf16 case (CPU: descriptors and the
-    launch recorded, not run): ``(kernel, its keyword arguments)``."""
+    launch recorded, not run), ``splits`` (a workspace when > 1) and the launcher's ``balance``:
+    ``(kernel, its keyword arguments)``."""
     if gla._gk is None:
         pytest.skip("the Gluon kernels do not import here")
     seen = {}
@@ -331,9 +352,20 @@ def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False):
     o = torch.empty(B * qlen, heads, LV, dtype=torch.bfloat16)
     lse = torch.empty(B * qlen, heads, dtype=torch.float32)
     tree_mask = torch.ones(B * qlen, qlen, dtype=torch.int64) if tree else None
-    gla.launch_verify_stage1_gluon(q, k, torch.ones(()), table, lens, lens, False, o, lse, None, qlen, 1, 0.1,
-                                   page, LV, cfg, tree_mask=tree_mask)
+    mid = torch.empty(B * qlen, heads, splits, LV + 1) if splits > 1 else None
+    gla.launch_verify_stage1_gluon(q, k, torch.ones(()), table, lens, lens, False, o, lse, mid, qlen, splits, 0.1,
+                                   page, LV, cfg, tree_mask=tree_mask, balance=balance)
     return seen["fn"], seen["kw"]
+
+
+@pytest.mark.parametrize("schedule,heads,qlen", [("alt", 16, 4), ("seesaw", 128, 1), ("swapab", 16, 2),
+                                                 ("redundant", 16, 4)])
+@pytest.mark.parametrize("splits,balance,passed", [(4, 2, 2), (4, 0, None), (1, 2, None)])
+def test_balance_reaches_every_schedule_with_splits(schedule, heads, qlen, splits, balance, passed, monkeypatch):
+    """The launcher passes BALANCE to every schedule's kernel when the launch balances and has a
+    workspace, and not otherwise (without it each kernel is the one before the key)."""
+    _, kw = _recorded_launch(qlen, heads, {"SCHEDULE": schedule}, monkeypatch, splits=splits, balance=balance)
+    assert kw.get("BALANCE") == passed
 
 
 @pytest.mark.parametrize("qlen,heads,tree,kernel,rows", [
@@ -461,15 +493,16 @@ def gluon_verify(c, num_kv_splits, cfg=None, outs=None):
     real = c["real"] if has_real else c["seq_lens"]
     # PDL: stage 2 a programmatic dependent of stage 1, which lets it launch from its start.
     pdl = bool(cfg.get("PDL")) and num_kv_splits > 1
+    balance = cfg.get("BALANCE", 0) if num_kv_splits > 1 else 0  # balanced splits need a workspace
     gla.launch_verify_stage1_gluon(q, c["k"], k_scale, c["table"], c["seq_lens"], real, has_real, o,
                                    lse, mid, c["qlen"], num_kv_splits, SM_SCALE, c["page_size"], LV, cfg,
-                                   launch_dependents=pdl)
+                                   launch_dependents=pdl, balance=balance)
     if num_kv_splits > 1:  # the portable stage 2, as the launcher runs it after Gluon
         stage2 = {**cfg, "S2_BLOCK_S": 8, "S2_BLOCK_DV": 0, "s2_num_warps": 4}
         capacity = cache_bounds(c["k"], c["table"], c["page_size"])[1]
         launch._launch_stage2(stage2, mid, o, lse, c["seq_lens"], real, has_real,
                               mid.stride()[:3], c["qlen"], heads, num_kv_splits, LV, None, pdl,
-                              capacity)
+                              capacity, balance=balance)
     return o, lse
 
 
@@ -534,7 +567,16 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "alt-early-stageout-named": {"SCHEDULE": "alt", "EARLY_RELEASE": 1, "STAGE_OUT": 1, "NAMED_EXCHANGE": 1},
              "seesaw-named": {"SCHEDULE": "seesaw", "NAMED_EXCHANGE": 1},
              "seesaw-stage-prod-stageout-named": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1, "STAGE_PRODUCERS": 1,
-                                                  "STAGE_OUT": 1, "NAMED_EXCHANGE": 1}}
+                                                  "STAGE_OUT": 1, "NAMED_EXCHANGE": 1},
+             # balanced splits (pieces by the request's share of the batch's keys; with splits)
+             "alt-balance": {"SCHEDULE": "alt", "BALANCE": 2},
+             "alt-early-stageout-balance": {"SCHEDULE": "alt", "EARLY_RELEASE": 1, "STAGE_OUT": 1, "BALANCE": 2},
+             "seesaw-stage-prod-stageout-named-balance": {"SCHEDULE": "seesaw", "STAGE_ORDER": 1,
+                                                          "STAGE_PRODUCERS": 1, "STAGE_OUT": 1,
+                                                          "NAMED_EXCHANGE": 1, "BALANCE": 2},
+             "redundant-balance": {"SCHEDULE": "redundant", "BALANCE": 2},
+             "swapab-balance": {"SCHEDULE": "swapab", "BALANCE": 2},
+             "swapab-blocks-balance": {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1, "BALANCE": 3}}
 
 # Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
 # token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
@@ -558,7 +600,7 @@ def test_gluon_matches_reference(case, schedule):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("case", SWAPAB_CASES, ids=[c[0] for c in SWAPAB_CASES])
-@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks"])
+@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-balance", "swapab-blocks-balance"])
 def test_gluon_swapab_matches_reference(case, schedule):
     _check_case(case, SCHEDULES[schedule])
 
@@ -581,13 +623,16 @@ def _check_case(case, cfg):
                                           (False, "alt-pdl"), (False, "seesaw-prod-pdl"), (True, "alt-early-pdl"),
                                           (False, "alt-stageout"), (False, "seesaw-stage-prod-stageout"),
                                           (True, "alt-early-stageout"), (False, "seesaw-stage-prod-stageout-named"),
-                                          (True, "alt-early-stageout-named"), (False, "alt-qkfirst-named")],
+                                          (True, "alt-early-stageout-named"), (False, "alt-qkfirst-named"),
+                                          (False, "alt-balance"), (False, "seesaw-stage-prod-stageout-named-balance"),
+                                          (True, "alt-early-stageout-balance")],
                          ids=["bf16-alt", "bf16-seesaw", "bf16-seesaw-stage", "bf16-seesaw-prod",
                               "bf16-seesaw-stage-prod", "fp8-redundant", "fp8-alt-early", "fp8-seesaw",
                               "fp8-seesaw-prod", "fp8-seesaw-stage-prod", "bf16-alt-pdl", "bf16-seesaw-prod-pdl",
                               "fp8-alt-early-pdl", "bf16-alt-stageout", "bf16-seesaw-stage-prod-stageout",
                               "fp8-alt-early-stageout", "bf16-seesaw-stage-prod-stageout-named",
-                              "fp8-alt-early-stageout-named", "bf16-alt-qkfirst-named"])
+                              "fp8-alt-early-stageout-named", "bf16-alt-qkfirst-named", "bf16-alt-balance",
+                              "bf16-seesaw-stage-prod-stageout-named-balance", "fp8-alt-early-stageout-balance"])
 def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule])
 
@@ -595,7 +640,7 @@ def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks"])
+@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-blocks-balance"])
 def test_gluon_swapab_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule], qlen=2)
 

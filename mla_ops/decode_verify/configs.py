@@ -30,6 +30,10 @@ Config keys of the ``triton`` family (the portable kernels in ``kernels.py``):
 - ``PDL``: stage 2 as a programmatic dependent launch of stage 1 (CUDA capability 9+); both
   families' stage 1 let it be scheduled from their start (``griddepcontrol.launch_dependents``).
 - ``PERSISTENT``: 0, or stage-1 programs per SM looping over the work.
+- ``BALANCE``: 0, or b >= 2: balanced splits (``splits.py``): the split cap is b times the
+  equal-length count and each request takes pieces by its share of the batch's keys (stage 1
+  of both families, stage 2 reading every slot). Only where the workspace has two splits or
+  more; a launch of one split (no workspace) runs as without it.
 - HIP only: ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack`` (launch kwargs).
 
 The ``gluon`` family's keys are documented with its kernels (``gluon_launch.py``); its
@@ -53,7 +57,7 @@ HIP_LAUNCH_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 VERIFY_DEFAULT_CONFIG: dict[str, Any] = {
     "BLOCK_H": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "QSPLIT": 0, "SWAP_AB": 0,
     "SPLIT_ALIGN": 64, "MIN_SPLIT_LEN": 256, "S2_BLOCK_S": 8, "s2_num_warps": 4,
-    "S2_BLOCK_DV": 0, "TMA": 0, "PERSISTENT": 0, "PDL": 0, "SPLIT_WORK": 64,
+    "S2_BLOCK_DV": 0, "TMA": 0, "PERSISTENT": 0, "PDL": 0, "SPLIT_WORK": 64, "BALANCE": 0,
 }
 
 # MI300X sweeps (bf16, page 16): few rows (B*qlen*H <= 640) take

@@ -96,7 +96,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..gluon_support import tma  # hopper's tma under one name on every triton of the range
 
 from .kernels import _LN2, _cp_local_len, _request_rows  # shared with the portable kernel
-from .splits import split_chunk
+from .splits import balanced_splits, split_chunk
 
 # The partition-wide barrier: ``thread_barrier`` in triton 3.6, ``barrier`` from 3.7 on.
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -131,7 +131,7 @@ def _local(n, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
 def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX: gl.constexpr,
           HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr,
           BLOCK_N: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr,
-          Qo_Indptr, num_rows, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+          Qo_Indptr, num_rows, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr):
     """This CTA's work item, from its program id. Every partition computes it itself (scalar
     work on kernel arguments), rather than keeping the parent's values live across the
     warp-specialized region (that spilled the default partition's registers).
@@ -146,9 +146,16 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     # Row blocks vary fastest: the row blocks of one (request, split) run side by side and
     # share its KV tiles through L2.
     pid_rb = pid % row_blocks
-    pid_bs = pid // row_blocks
-    pid_s = pid_bs % num_kv_splits
-    pid_b = pid_bs // num_kv_splits
+    if BALANCE:
+        # Requests next, splits slowest: every request's first piece is dispatched before any
+        # second one, and the slots a request leaves unused come last.
+        batch = gl.num_programs(0) // (row_blocks * num_kv_splits)
+        pid_b = (pid // row_blocks) % batch
+        pid_s = pid // (row_blocks * batch)
+    else:
+        pid_bs = pid // row_blocks
+        pid_s = pid_bs % num_kv_splits
+        pid_b = pid_bs // num_kv_splits
     tok0 = (pid_rb // rb_per_tok) * TOK_BOX  # first token of the row block, in the request
     head0 = (pid_rb % rb_per_tok) * HEAD_BOX
     seq_len = gl.load(Seq_Lens + pid_b)
@@ -182,15 +189,40 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     local_len = gl.minimum(local_len, kv_capacity)
     # The keys of the request's last row: the table entries the whole request reads.
     req_lim = _local(_row_limit(qlen_b - 1, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
-    # Split s covers [s * chunk, min((s + 1) * chunk, L)), as in the portable kernel.
-    chunk = split_chunk(local_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
+    # Split s covers [s * chunk, min((s + 1) * chunk, L)), as in the portable kernel. BALANCE:
+    # the request is cut into k_req pieces by its share of the batch's keys.
+    if BALANCE:
+        total = _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        k_req = balanced_splits(gl.minimum(req_lim, kv_capacity), total, batch, num_kv_splits, BALANCE)
+    else:
+        k_req = num_kv_splits
+    chunk = split_chunk(local_len, k_req, SPLIT_ALIGN, MIN_SPLIT_LEN)
     split_start = pid_s * chunk
     split_end = gl.minimum(split_start + chunk, local_len)
     kv_end = gl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
     full_end = gl.minimum(split_end, min_lim)  # every valid row sees every key below this
     n_blocks = gl.cdiv(gl.maximum(kv_end - split_start, 0), BLOCK_N)
     return (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-            split_end, req_lim, len_bad, row_base, qlen_b)
+            split_end, req_lim, len_bad, row_base, qlen_b, k_req)
+
+
+@gluon.jit
+def _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD: gl.constexpr,
+                CP_INTERLEAVE: gl.constexpr):
+    """The keys a balanced launch shares out (``splits.balanced_splits``): each request's
+    ``min(local(max(min(L, L_real), 0)), kv_capacity)``, summed over the batch (int32: a batch
+    holds far fewer than 2^31 keys). One request per lane, every warp of the calling partition
+    holding all 32 (the sum stays in a warp; few registers, which the producer warp has)."""
+    KEYS_L: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    W: gl.constexpr = 32
+    total = batch * 0
+    for b0 in range(0, batch, W):
+        offs = b0 + gl.arange(0, W, layout=KEYS_L)
+        m = offs < batch
+        n = gl.maximum(gl.minimum(gl.load(Seq_Lens + offs, mask=m, other=0),
+                                  gl.load(Real_Lens + offs, mask=m, other=0)), 0)
+        total += gl.sum(gl.minimum(_local(n, cp_rank, CP_WORLD, CP_INTERLEAVE), kv_capacity), axis=0)
+    return total
 
 
 @gluon.jit
@@ -272,16 +304,16 @@ def _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, n
                        page_size, num_pages, kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
                        SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, cp_rank,
                        CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                       VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, ROW: gl.constexpr, N_ROWS: gl.constexpr = 64):
+                       VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, ROW: gl.constexpr, N_ROWS: gl.constexpr = 64):
     """What a consumer group of any schedule does before its block loop: its work item
     (``_work``), each row's key limit, the table check of its request, then the wait for the Q
     tile. Returns ``(pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks,
     row_base, qlen_b, lim, marked)``: ``lim`` ``[N_ROWS]`` (layout ROW: the block's first
     N_ROWS rows) capped at ``kv_end``, ``marked`` from ``_request_marked``."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
+     split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE)
     rows = gl.arange(0, N_ROWS, layout=ROW)
     tok = tok0 + rows // HEAD_BOX  # verify token of each row, in the request
     if HAS_TREE:  # every row's limit is the request's; the tree picks its keys below it
@@ -296,7 +328,7 @@ def _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, n
     marked = _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad,
                              page_size, num_pages, 4)
     mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
-    return pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked
+    return pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked, k_req
 
 
 @gluon.jit
@@ -305,12 +337,12 @@ def _producer(q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
               kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
               MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, N_DT: gl.constexpr,
               cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr):
     """1 warp: the Q tile once, then the KV blocks of the split through the ring."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
+     split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE)
     # Nothing is loaded for an empty work item, so no copy can outlive the CTA.
     if n_blocks > 0:
         mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
@@ -345,7 +377,7 @@ def _convert_tile(src, dst, n_valid, row0: gl.constexpr, ROWS: gl.constexpr, LAY
 
 @gluon.jit
 def _mask_tail(sc, start, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N: gl.constexpr,
-               HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, ROW: gl.constexpr,
+               HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, ROW: gl.constexpr,
                COL: gl.constexpr):
     """Scores ``sc`` of the block ``[start, start + BLOCK_N)``, -inf where a row does not see
     the key (past its limit or the split end, outside its draft tree), whatever the cache holds
@@ -377,7 +409,7 @@ def _consumer(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.cons
               MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, KV_FP8: gl.constexpr,
               cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
-              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr):
     """One consumer warpgroup: output columns ``[WG * LV/2, (WG + 1) * LV/2)``. ``shared``: the
     runtime arguments both groups take (``_verify_stage1_ws`` builds it)."""
     (q_smem, kv_smem, kvc_smem, q_bar, kv_ready, kv_empty, conv_done, conv_free, Seq_Lens, Real_Lens, O, Lse, Mid,
@@ -398,10 +430,10 @@ def _consumer(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.cons
         CDT: gl.constexpr = gl.bfloat16
 
     (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
-     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
+     marked, k_req) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
                                   num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
                                   MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
-                                  VARLEN, HAS_TREE, ROW)
+                                  VARLEN, HAS_TREE, BALANCE, ROW)
 
     if KV_FP8:
         # Q to fp16 in place (clamped to fp16's range: an out-of-range q saturates instead of
@@ -469,7 +501,7 @@ def _consumer(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.cons
                                qk, is_async=True)
         qk = warpgroup_mma_wait(0, deps=(qk, ))
         qk = _mask_tail(qk * scale, start, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N,
-                        HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+                        HEAD_BOX, VARLEN, HAS_TREE, BALANCE, ROW, COL)
         m_i, alpha, p, l_i = _online_softmax(qk, m_i, l_i)
         alpha_o = gl.convert_layout(alpha, ROW_O)[:, None]
         acc0 = acc0 * alpha_o
@@ -490,7 +522,8 @@ def _consumer(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.cons
     # k_scale dequantizes V too.
     _store_out(WG, acc0, acc1, acc2, acc3, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O),
                k_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh,
-               stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA_O)
+               stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA_O,
+               k_req=k_req, BALANCE=BALANCE)
 
 
 @gluon.jit
@@ -541,7 +574,7 @@ def _verify_stage1_ws(
     Tree_Mask=None,  # HAS_TREE: [rows] int64 draft-tree masks (bit j: sees draft token j)
     num_rows=None,  # VARLEN: rows of q / o / lse
     VARLEN: gl.constexpr = False,  # qlen is then the most rows a request has
-    HAS_TREE: gl.constexpr = False,
+    HAS_TREE: gl.constexpr = False, BALANCE: gl.constexpr = 0,
     LAUNCH_DEPENDENTS: gl.constexpr = False,  # stage 2 follows by PDL (``_launch_dependents``)
 ):
     """Stage 1, one CTA per (row block, request, split); see the module docstring. Launched
@@ -585,14 +618,14 @@ def _verify_stage1_ws(
     gl.warp_specialize([
         (_consumer, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT, LV,
                      SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                     HAS_TREE)),
+                     HAS_TREE, BALANCE)),
         (_consumer, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES, N_DT, LV,
                      SINGLE, KV_FP8, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                     HAS_TREE)),
+                     HAS_TREE, BALANCE)),
         (_producer, (q_desc, k_desc, q_smem, kv_smem, q_bar, kv_ready, kv_empty,
                      Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                      page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, NUM_STAGES,
-                     N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)),
+                     N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(conv_done)
@@ -676,15 +709,15 @@ def _fill_work(q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b
                kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
-               HAS_TREE: gl.constexpr, LOAD_Q: gl.constexpr):
+               HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, LOAD_Q: gl.constexpr):
     """The opening of the partitions that fill the pair schedules' ring (producer or converter
     warps): the CTA's work item, Q's copy requested (LOAD_Q: the partition that loads it) and
     ``(split_start, n_blocks, req_row)``: the split's first key, its blocks and the offset of the
     request's row of the block table."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
+     split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE)
     if LOAD_Q:
         _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
     return split_start, n_blocks, pid_b.to(gl.int64) * stride_req_b
@@ -706,13 +739,13 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
                   kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                   CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr):
     """1 warp: Q (tiles 0-7 to ``q_smem``, the rope tile to ``sp_smem[1]``), then each block
     into stage ``i % 2`` by halves, the owner's half first (it is freed first)."""
     split_start, n_blocks, req_row = _fill_work(
         q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
         kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, True)
+        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE, True)
     page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     for i in range(n_blocks):
@@ -862,7 +895,7 @@ def _converter_start(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, st
                      TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                      MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                      CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
-                     HAS_TREE: gl.constexpr, OWNER_FIRST: gl.constexpr, STAGE_NEXT: gl.constexpr):
+                     HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, OWNER_FIRST: gl.constexpr, STAGE_NEXT: gl.constexpr):
     """The converter warps' start: ``_fill_work`` (Q's copy requested), then for a work item
     with blocks, blocks 0 and 1 staged in their ring stages (both start free; OWNER_FIRST: a
     block's owner's half first, as the alt schedule reads them, else half 0 first), then Q, once
@@ -871,7 +904,7 @@ def _converter_start(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, st
     split_start, n_blocks, req_row = _fill_work(
         q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
         kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, True)
+        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE, True)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     if n_blocks > 0:
         for b in gl.static_range(2):
@@ -897,7 +930,7 @@ def _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, sta
                     kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                     MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                     CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                    VARLEN: gl.constexpr, HAS_TREE: gl.constexpr):
+                    VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr):
     """4 warps (fp8 caches, alt schedule): Q and the fp8 blocks by TMA, both turned to fp16 in
     shared memory (see above). Blocks 0 and 1 are requested before Q converts (both stages start
     free); then after each half of block i is dequantized (the owner's half first), a half of
@@ -908,7 +941,7 @@ def _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, sta
         q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, Req_to_Token, Seq_Lens, Real_Lens,
         stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN,
-        HAS_TREE, True, False)
+        HAS_TREE, BALANCE, True, False)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     for i in range(n_blocks):
         s = i % 2
@@ -936,19 +969,19 @@ def _fill_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, r
               Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX: gl.constexpr,
               HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
               N_DT: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, KV_FP8: gl.constexpr):
+              VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, KV_FP8: gl.constexpr):
     """The alt kernel's partition that fills the ring: the converter warps for an fp8 cache,
     the producer warp otherwise (``q_conv`` and ``staged`` are then unused)."""
     if KV_FP8:
         _converter_pair(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
                         Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
                         TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-                        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+                        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE)
     else:
         _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
                       Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX,
                       HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE,
-                      Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+                      Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE)
 
 
 @gluon.jit
@@ -1033,14 +1066,14 @@ def _pv_issue(p_sm, kv_smem, v_base, acc0, acc1, acc2, acc3, BLOCK_N: gl.constex
 @gluon.jit
 def _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_smem, sa_smem, sm_smem, p_free,
                      p_ready, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N: gl.constexpr,
-                     HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, ROW: gl.constexpr,
+                     HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, ROW: gl.constexpr,
                      COL: gl.constexpr, NAMED: gl.constexpr = False):
     """The softmax of my block j (scores ``qk``) against the running row max of blocks < j
     (``sm_smem``); publishes P_j, alpha_j and m_j (tile ``s``; NAMED: on named barrier 8 + s)
     once both groups are done with P_{j-2}'s tile. Keys past a row's limit (or outside its
     draft tree) are masked in the tail blocks. Returns (l, alpha_j)."""
     sc = _mask_tail(qk * qk_scale, split_start + j * BLOCK_N, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b,
-                    seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+                    seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, BALANCE, ROW, COL)
     m_prev = sm_smem.load(ROW)
     m_prev = gl.where(j > 0, m_prev, float("-inf"))  # (garbage before block 0)
     m_new, alpha, p, l_i = _online_softmax(sc, m_prev, l_i)
@@ -1080,7 +1113,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
                   LV: gl.constexpr, SINGLE: gl.constexpr, QK_FIRST: gl.constexpr, cp_rank,
                   CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows,
-                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, KV_FP8: gl.constexpr,
+                  VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, KV_FP8: gl.constexpr,
                   EARLY_RELEASE: gl.constexpr, STAGE_OUT: gl.constexpr, NAMED: gl.constexpr):
     """Consumer group WG of the alternating schedule (see above): owns blocks j = WG (mod 2)
     and output columns ``[WG * LV/2, (WG + 1) * LV/2)``. ``shared``: the runtime arguments
@@ -1103,10 +1136,10 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
     V0: gl.constexpr = WG * V_TILES
 
     (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
-     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
+     marked, k_req) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
                                   num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
                                   MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
-                                  VARLEN, HAS_TREE, ROW)
+                                  VARLEN, HAS_TREE, BALANCE, ROW)
 
     if KV_FP8:
         v_scale = gl.load(K_Scale)
@@ -1186,7 +1219,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
         if j < n_blocks:
             l_i, alpha = _softmax_publish(qk, l_i, qk_scale, j, s, split_start, full_end, lim, sp_smem, sa_smem,
                                           sm_smem, p_free, p_ready, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len,
-                                          BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL, NAMED)
+                                          BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, BALANCE, ROW, COL, NAMED)
             acc0, acc1, acc2, acc3 = _pv_own(acc0, acc1, acc2, acc3, alpha, kv_smem, sp_smem, empty, p_free, s, base,
                                              split_start + j * BLOCK_N, kv_end, WG, V0, V_TILES, BLOCK_N, NAMED)
 
@@ -1195,7 +1228,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
     m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
     _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-               HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT)
+               HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT, k_req, BALANCE)
 
 
 @gluon.jit
@@ -1272,10 +1305,56 @@ def _final_scales(l_i, m_i, v_scale, marked):
 
 
 @gluon.jit
+def _fill_lse(value: gl.constexpr, Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_mid_m, stride_mid_h,
+              stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, VARLEN: gl.constexpr):
+    """A balanced launch's CTA without a piece of its request (``_store_out``): its rows' lse
+    in its slot of ``Mid`` := ``value``, -inf (no key there: stage 2 gives the slot no weight),
+    or +inf in slot 1 of a request written straight to o (stage 2 leaves its rows alone)."""
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    q_row, head, valid = _out_rows(gl.arange(0, _BM, layout=L), tok0, head0, qlen_b, row_base, qlen, HEAD_BOX,
+                                   VARLEN)
+    gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV,
+             gl.full([_BM], value, gl.float32, L), mask=valid)
+
+
+@gluon.jit
 def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
                tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
-               VARLEN: gl.constexpr, MMA: gl.constexpr, kv_smem=None, STAGE_OUT: gl.constexpr = False):
+               VARLEN: gl.constexpr, MMA: gl.constexpr, kv_smem=None, STAGE_OUT: gl.constexpr = False,
+               k_req=None, BALANCE: gl.constexpr = 0):
+    """The CTA's output (``_store_out_to``). BALANCE: the request's ``k_req`` pieces decide
+    where: one piece (the CTA of slot 0) straight to o / lse, slot 1's CTA marking the request
+    done (``_fill_lse``, +inf); several: pieces to their slots of ``Mid``, the slots past them
+    -inf."""
+    if BALANCE:
+        if k_req == 1:
+            if pid_s == 0:
+                _store_out_to(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
+                              tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                              stride_mid_h, stride_mid_s, HEAD_BOX, LV, True, VARLEN, MMA, kv_smem, STAGE_OUT)
+            elif pid_s == 1:
+                if WG == 0:
+                    _fill_lse(float("inf"), Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_mid_m,
+                              stride_mid_h, stride_mid_s, HEAD_BOX, LV, VARLEN)
+        elif pid_s < k_req:
+            _store_out_to(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
+                          tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                          stride_mid_h, stride_mid_s, HEAD_BOX, LV, False, VARLEN, MMA, kv_smem, STAGE_OUT)
+        elif WG == 0:
+            _fill_lse(float("-inf"), Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_mid_m, stride_mid_h,
+                      stride_mid_s, HEAD_BOX, LV, VARLEN)
+    else:
+        _store_out_to(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0,
+                      head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+                      stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT)
+
+
+@gluon.jit
+def _store_out_to(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
+                  tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+                  stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
+                  VARLEN: gl.constexpr, MMA: gl.constexpr, kv_smem=None, STAGE_OUT: gl.constexpr = False):
     """o (or the split's partial o and its lse) of this group's columns from its four
     ``[64, 64]`` accumulators: rows that saw no key get o = 0 and lse = -inf; a marked request
     NaN in both. The request's ``qlen_b`` rows start at row ``_first_row(row_base, qlen, VARLEN)``
@@ -1366,7 +1445,7 @@ def _verify_stage1_alt(
     EARLY_RELEASE: gl.constexpr = False,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
-    HAS_TREE: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
+    HAS_TREE: gl.constexpr = False, BALANCE: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
     NAMED_EXCHANGE: gl.constexpr = False,
 ):
     """Stage 1 with the alternating schedule (same arguments as ``_verify_stage1_ws``;
@@ -1408,14 +1487,14 @@ def _verify_stage1_alt(
     gl.warp_specialize([
         (_consumer_alt, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                          QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                         HAS_TREE, KV_FP8, EARLY_RELEASE, STAGE_OUT, NAMED_EXCHANGE)),
+                         HAS_TREE, BALANCE, KV_FP8, EARLY_RELEASE, STAGE_OUT, NAMED_EXCHANGE)),
         (_consumer_alt, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                          QK_FIRST, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN,
-                         HAS_TREE, KV_FP8, EARLY_RELEASE, STAGE_OUT, NAMED_EXCHANGE)),
+                         HAS_TREE, BALANCE, KV_FP8, EARLY_RELEASE, STAGE_OUT, NAMED_EXCHANGE)),
         (_fill_alt, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty, Req_to_Token,
                      Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
                      TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-                     CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, KV_FP8)),
+                     CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE, KV_FP8)),
     ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     mbarrier.invalidate(l_bar)
@@ -1490,7 +1569,36 @@ def _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N: gl.co
 def _swapab_epilogue(WG: gl.constexpr, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base,
                      pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                      stride_mid_h, stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
-                     VARLEN: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr):
+                     VARLEN: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr, k_req, BALANCE: gl.constexpr):
+    """``_swapab_out`` where ``_store_out`` would store (BALANCE: by the request's pieces)."""
+    if BALANCE:
+        if k_req == 1:
+            if pid_s == 0:
+                _swapab_out(WG, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
+                            tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                            stride_mid_h, stride_mid_s, HEAD_BOX, LV, True, VARLEN, R, MMA)
+            elif pid_s == 1:
+                if WG == 0:
+                    _fill_lse(float("inf"), Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_mid_m,
+                              stride_mid_h, stride_mid_s, HEAD_BOX, LV, VARLEN)
+        elif pid_s < k_req:
+            _swapab_out(WG, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
+                        tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                        stride_mid_h, stride_mid_s, HEAD_BOX, LV, False, VARLEN, R, MMA)
+        elif WG == 0:
+            _fill_lse(float("-inf"), Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_mid_m, stride_mid_h,
+                      stride_mid_s, HEAD_BOX, LV, VARLEN)
+    else:
+        _swapab_out(WG, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0,
+                    head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+                    stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA)
+
+
+@gluon.jit
+def _swapab_out(WG: gl.constexpr, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base,
+                pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                stride_mid_h, stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
+                VARLEN: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr):
     """Group WG's columns of o (or the split's partial) from its four O^T tiles, and (group 0)
     the rows' lse: as ``_store_out`` for the swap-AB layout (rows along N)."""
     RQ: gl.constexpr = gl.SliceLayout(0, MMA)
@@ -1526,7 +1634,7 @@ def _swapab_store(acc, t: gl.constexpr, inv_l, base, cols, mask, DT: gl.constexp
 @gluon.jit
 def _swapab_start(shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
-                  CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, KV_FP8: gl.constexpr,
+                  CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, BALANCE: gl.constexpr, KV_FP8: gl.constexpr,
                   RQ: gl.constexpr, R: gl.constexpr):
     """A swap-AB consumer group's opening: ``_consumer_prologue``'s facts of the work item (the
     R rows' limits along ``RQ``), then the score scale and ``v_scale`` (KV_FP8: ``k_scale``
@@ -1536,24 +1644,24 @@ def _swapab_start(shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_A
      stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
     gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
     (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
-     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
+     marked, k_req) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
                                   num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
                                   MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
-                                  VARLEN, False, RQ, R)
+                                  VARLEN, False, BALANCE, RQ, R)
     if KV_FP8:
         v_scale = gl.load(K_Scale)
         qk_scale = qk_scale * v_scale
     else:
         v_scale = 1.0
     return (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked,
-            qk_scale, v_scale)
+            qk_scale, v_scale, k_req)
 
 
 @gluon.jit
 def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
                      SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
-                     CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, KV_FP8: gl.constexpr,
+                     CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, BALANCE: gl.constexpr, KV_FP8: gl.constexpr,
                      R: gl.constexpr):
     """Consumer group WG of the swap-AB schedule (see above): every block's scores, the softmax
     of the R rows, and O^T's columns ``[WG * LV/2, (WG + 1) * LV/2)``. KV_FP8: the ring holds the
@@ -1567,8 +1675,8 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     V_TILES: gl.constexpr = LV // _DT // 2
     V0: gl.constexpr = WG * V_TILES
     (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked, qk_scale,
-     v_scale) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD,
-                              CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, RQ, R)
+     v_scale, k_req) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD,
+                              CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, RQ, R)
     # My P^T: half of P tile 0 (tile 1 keeps Q's rope tile for every block's scores).
     PT_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * R, element_bitwidth=16)
     pt = sp_smem.index(0).reinterpret(sp_smem.dtype, [2 * BLOCK_N, R], PT_L).slice(WG * BLOCK_N, BLOCK_N)
@@ -1609,7 +1717,7 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
 
     _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0,
                      qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
-                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA)
+                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE)
 
 
 @gluon.jit
@@ -1627,7 +1735,7 @@ def _consumer_swapab_blocks(WG: gl.constexpr, shared, sx_smem, x_bar, TOK_BOX: g
                             HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr,
                             BLOCK_N: gl.constexpr, N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
                             cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                            VARLEN: gl.constexpr, KV_FP8: gl.constexpr, R: gl.constexpr):
+                            VARLEN: gl.constexpr, BALANCE: gl.constexpr, KV_FP8: gl.constexpr, R: gl.constexpr):
     """Consumer group WG of the swap-AB schedule with ``ALT_BLOCKS``: the blocks of ring stage
     WG (j = WG, WG + 2, ...), their scores, softmax and all of O^T's 512 columns (eight
     ``[64, R]`` accumulators), so that each block's scores are computed once and one group's
@@ -1642,8 +1750,8 @@ def _consumer_swapab_blocks(WG: gl.constexpr, shared, sx_smem, x_bar, TOK_BOX: g
     KEY: gl.constexpr = gl.SliceLayout(1, MMA)
     V_TILES: gl.constexpr = LV // _DT
     (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked, qk_scale,
-     v_scale) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD,
-                              CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, RQ, R)
+     v_scale, k_req) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD,
+                              CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, RQ, R)
     PT_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * R, element_bitwidth=16)
     pt = sp_smem.index(0).reinterpret(sp_smem.dtype, [2 * BLOCK_N, R], PT_L).slice(WG * BLOCK_N, BLOCK_N)
     acc0 = gl.zeros([_DT, R], gl.float32, MMA)  # O^T by 64 columns, all eight
@@ -1721,7 +1829,7 @@ def _consumer_swapab_blocks(WG: gl.constexpr, shared, sx_smem, x_bar, TOK_BOX: g
 
     _swapab_epilogue(WG, own0, own1, own2, own3, l_t, m_t, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0,
                      qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
-                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA)
+                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE)
 
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
@@ -1737,7 +1845,7 @@ def _verify_stage1_swapab(
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROWS: gl.constexpr = 32,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, num_rows=None, VARLEN: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
-    ALT_BLOCKS: gl.constexpr = False,
+    ALT_BLOCKS: gl.constexpr = False, BALANCE: gl.constexpr = 0,
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
     trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
@@ -1772,26 +1880,26 @@ def _verify_stage1_swapab(
         gl.warp_specialize([
             (_consumer_swapab_blocks, (0, shared, sx_smem, x_bar, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN,
                                        BLOCK_N, N_DT, LV, SINGLE, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
-                                       num_rows, VARLEN, KV_FP8, ROWS)),
+                                       num_rows, VARLEN, BALANCE, KV_FP8, ROWS)),
             (_consumer_swapab_blocks, (1, shared, sx_smem, x_bar, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN,
                                        BLOCK_N, N_DT, LV, SINGLE, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr,
-                                       num_rows, VARLEN, KV_FP8, ROWS)),
+                                       num_rows, VARLEN, BALANCE, KV_FP8, ROWS)),
             (_fill_swapab, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8)),
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8)),
         ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
         mbarrier.invalidate(x_bar)
     else:
         gl.warp_specialize([
             (_consumer_swapab, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, ROWS)),
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS)),
             (_consumer_swapab, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8, ROWS)),
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS)),
             (_fill_swapab, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, KV_FP8)),
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8)),
         ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(4):
@@ -1862,7 +1970,7 @@ def _converter_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, s
                       kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                       MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                       CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                      VARLEN: gl.constexpr):
+                      VARLEN: gl.constexpr, BALANCE: gl.constexpr):
     """4 warps (fp8 caches, swap-AB schedule; see above): Q and blocks 0 and 1 as in
     ``_converter_pair`` (``staged[0..3]``: the ring's parts), Q to fp16, then block 2 into the
     staging tiles (``staged[4 + h]``); block i >= 2's half h is dequantized from there into its
@@ -1871,7 +1979,7 @@ def _converter_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, s
         q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, Req_to_Token, Seq_Lens, Real_Lens,
         stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
         MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN,
-        False, False, True)
+        False, BALANCE, False, True)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     for i in range(n_blocks):
         s = i % 2
@@ -1903,19 +2011,19 @@ def _fill_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged
                  TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                  MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                  CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
-                 KV_FP8: gl.constexpr):
+                 BALANCE: gl.constexpr, KV_FP8: gl.constexpr):
     """The swap-AB kernel's partition that fills the ring: the staging converter warps for an
     fp8 cache, the alt producer warp otherwise."""
     if KV_FP8:
         _converter_swapab(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                           Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                           page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                          cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN)
+                          cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE)
     else:
         _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
                       Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, TOK_BOX,
                       HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD, CP_INTERLEAVE,
-                      Qo_Indptr, num_rows, VARLEN, False)
+                      Qo_Indptr, num_rows, VARLEN, False, BALANCE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1960,7 +2068,7 @@ def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, emp
                      kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                      MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                      CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                     VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr,
+                     VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, STAGE_ORDER: gl.constexpr,
                      STAGE: gl.constexpr, N_PROD: gl.constexpr):
     """1 warp: Q as in ``_producer_alt`` (producer 0), then each block into stage ``i % 2`` by
     parts (rope, then the V halves in the order they are released: the owner's half first, or
@@ -1970,7 +2078,7 @@ def _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, emp
     split_start, n_blocks, req_row = _fill_work(
         q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
         kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE == 0)
+        CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE, STAGE == 0)
     if N_PROD == 1:
         n_mine = n_blocks
     elif STAGE == 0:
@@ -2009,7 +2117,7 @@ def _converter_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, s
                       kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                       MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                       CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                      VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr,
+                      VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, STAGE_ORDER: gl.constexpr,
                       STAGE: gl.constexpr, N_CONV: gl.constexpr):
     """fp8 caches on the seesaw: the converter warps (``_converter_pair``'s staging and
     dequantization, by the seesaw's three parts per stage: rope, then the V halves in the order
@@ -2020,9 +2128,9 @@ def _converter_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, s
     requests block i + 2's parts as block i releases them; neither stage's refill waits behind
     the other's."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b) = _work(
+     split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE)
     HALF: gl.constexpr = (N_DT - 1) // 2  # tiles per V half (4); the rope tile is the last
     # (``_fill_work``'s steps, req_row before Q's copy: in its order ptxas allocates this kernel's
     # registers differently, 84 instead of 48 bytes of spills offline)
@@ -2092,7 +2200,7 @@ def _fill_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged
                  TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                  MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                  CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
-                 HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr, STAGE: gl.constexpr, N_FILL: gl.constexpr,
+                 HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, STAGE_ORDER: gl.constexpr, STAGE: gl.constexpr, N_FILL: gl.constexpr,
                  KV_FP8: gl.constexpr):
     """A partition that fills the seesaw's ring: converter warps for an fp8 cache, a producer
     warp otherwise (``q_conv`` and ``staged`` are then unused); N_FILL of them, this one
@@ -2101,13 +2209,13 @@ def _fill_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged
         _converter_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                           Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                           page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                          cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
+                          cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE, STAGE_ORDER,
                           STAGE, N_FILL)
     else:
         _producer_seesaw(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
                          Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
                          TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-                         CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER, STAGE, N_FILL)
+                         CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE, STAGE_ORDER, STAGE, N_FILL)
 
 
 @gluon.jit
@@ -2133,11 +2241,11 @@ def _seesaw_scores(WG: gl.constexpr, q_smem, q_rope, kv_smem, ready, zero, ph, q
 
 @gluon.jit
 def _seesaw_max(qk, m_prev, qk_scale, start, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len,
-                BLOCK_N: gl.constexpr, HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr,
+                BLOCK_N: gl.constexpr, HEAD_BOX: gl.constexpr, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr,
                 ROW: gl.constexpr, COL: gl.constexpr):
     """The masked, scaled scores of the block at ``start`` and the new running row max."""
     sc = _mask_tail(qk * qk_scale, start, full_end, lim, Tree_Mask, row_base, qlen, tok0, qlen_b, seq_len, BLOCK_N,
-                    HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+                    HEAD_BOX, VARLEN, HAS_TREE, BALANCE, ROW, COL)
     return sc, gl.maximum(m_prev, gl.max(sc, axis=1))
 
 
@@ -2213,7 +2321,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                      CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows, VARLEN: gl.constexpr,
-                     HAS_TREE: gl.constexpr, STAGE_ORDER: gl.constexpr, KV_FP8: gl.constexpr,
+                     HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, STAGE_ORDER: gl.constexpr, KV_FP8: gl.constexpr,
                      STAGE_OUT: gl.constexpr, NAMED: gl.constexpr):
     """Consumer group WG of the seesaw schedule (see above). KV_FP8: the ring holds the fp16
     blocks the converter warps wrote; ``k_scale`` scales the scores and o. ``shared``: the runtime arguments
@@ -2245,10 +2353,10 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         v_scale = 1.0
 
     (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim,
-     marked) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
+     marked, k_req) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
                                   num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
                                   MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
-                                  VARLEN, HAS_TREE, ROW)
+                                  VARLEN, HAS_TREE, BALANCE, ROW)
 
     q_rope = sp_smem.index(1).load(OP_A)  # read before group 1 stores its first P there
     acc0 = gl.zeros([_BM, _DT], gl.float32, MMA)  # my O half, by 64 columns
@@ -2273,7 +2381,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         start0 = split_start + 2 * pr * BLOCK_N  # block b (stage 0); b + 1 starts BLOCK_N later
         if WG == 0:
             sc, m_b = _seesaw_max(qk, m_f, qk_scale, start0, full_end, lim, Tree_Mask, row_base, qlen, tok0,
-                                  qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+                                  qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, BALANCE, ROW, COL)
             _seesaw_publish(m_b, sm_smem.index(0), m_ready.index(0), NAMED, 8)
             p, l_i, acc0, acc1, acc2, acc3 = _seesaw_exp(sc, m_f, m_b, l_i, acc0, acc1, acc2, acc3)
             # (block b is never the tail of a full pair: b + 1 starts before kv_end)
@@ -2303,7 +2411,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             _take_over(m_ready.index(0), ph, NAMED, 8)
             m_b = sm_smem.index(0).load(ROW)
             sc, m_b1 = _seesaw_max(qk, m_b, qk_scale, start0 + BLOCK_N, full_end, lim, Tree_Mask, row_base, qlen,
-                                   tok0, qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+                                   tok0, qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, BALANCE, ROW, COL)
             _seesaw_publish(m_b1, sm_smem.index(1), m_ready.index(1), NAMED, 9)
             p, l_i, acc0, acc1, acc2, acc3 = _seesaw_exp(sc, m_f, m_b1, l_i, acc0, acc1, acc2, acc3)
             m_f = m_b1
@@ -2347,7 +2455,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         start0 = split_start + 2 * n_pairs * BLOCK_N
         if WG == 0:
             sc, m_b = _seesaw_max(qk, m_f, qk_scale, start0, full_end, lim, Tree_Mask, row_base, qlen, tok0,
-                                  qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, ROW, COL)
+                                  qlen_b, seq_len, BLOCK_N, HEAD_BOX, VARLEN, HAS_TREE, BALANCE, ROW, COL)
             _seesaw_publish(m_b, sm_smem.index(0), m_ready.index(0), NAMED, 8)
             p, l_i, acc0, acc1, acc2, acc3 = _seesaw_exp(sc, m_f, m_b, l_i, acc0, acc1, acc2, acc3)
             m_f = m_b
@@ -2378,7 +2486,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     l_i = _pair_row_sums(WG, l_i, sl_smem, l_bar, ROW)
     _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_f, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-               HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT)
+               HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT, k_req, BALANCE)
 
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
@@ -2394,7 +2502,7 @@ def _verify_stage1_seesaw(
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
-    HAS_TREE: gl.constexpr = False, STAGE_ORDER: gl.constexpr = False, STAGE_PRODUCERS: gl.constexpr = False,
+    HAS_TREE: gl.constexpr = False, BALANCE: gl.constexpr = 0, STAGE_ORDER: gl.constexpr = False, STAGE_PRODUCERS: gl.constexpr = False,
     LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
     NAMED_EXCHANGE: gl.constexpr = False,
 ):
@@ -2443,34 +2551,34 @@ def _verify_stage1_seesaw(
     if STAGE_PRODUCERS:
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE, BALANCE,
                                 STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
             (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE, BALANCE,
                                 STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
             (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE, STAGE_ORDER,
                             0, 2, KV_FP8)),
             (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE, STAGE_ORDER,
                             1, 2, KV_FP8)),
         ], [4, 2 if KV_FP8 else 1, 2 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE, BALANCE,
                                 STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
             (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE,
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE, BALANCE,
                                 STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
             (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, STAGE_ORDER,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE, STAGE_ORDER,
                             0, 1, KV_FP8)),
         ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
     mbarrier.invalidate(q_bar)

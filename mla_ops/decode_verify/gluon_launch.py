@@ -107,6 +107,9 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # all 512 columns of O^T, merged through shared memory at the split's end, instead of both
     # computing every block's scores for half of O^T each (gluon_kernels._consumer_swapab_blocks).
     "SWAPAB_BLOCKS": 0,
+    # balanced splits (``splits.py``; the config keys of ``configs.py``): 0, or b >= 2. Passed
+    # to the kernel only when set and the launch has splits.
+    "BALANCE": 0,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -215,7 +218,8 @@ def _descriptors(q, k_buffer, page_size, block_n):
 def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real_lens, has_real,
                                o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size, Lv, cfg,
                                cp_world=1, cp_rank=0, cp_interleave=1, *, batch=None,
-                               qo_indptr=None, tree_mask=None, launch_dependents=False) -> None:
+                               qo_indptr=None, tree_mask=None, launch_dependents=False,
+                               balance=0) -> None:
     """Launch the Gluon stage 1 (``gluon_unsupported_reason`` must have returned None).
 
     Args: as ``decode_attention_fwd_verify`` after its checks; ``real_lens`` is ``seq_lens``
@@ -228,7 +232,8 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     rows one has) and ``tree_mask`` (draft trees) as ``decode_attention_fwd_verify`` documents
     them, None for the kernel without them; ``launch_dependents``: the caller launches stage 2
     as this grid's programmatic dependent (``PDL``), and stage 1 lets it be scheduled from its
-    start (``gluon_kernels._launch_dependents``).
+    start (``gluon_kernels._launch_dependents``); ``balance``: the config's ``BALANCE`` where the
+    launch has splits (``splits.py``'s balanced splits), else 0.
 
     Out-of-range metadata is marked as in the portable kernel (``kernels.py``'s docstring): a
     request with a page index outside the cache among the keys it reads, or a length past
@@ -293,5 +298,6 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
            if qo_indptr is not None else {}),
         **({"Tree_Mask": tree_mask, "HAS_TREE": True} if tree_mask is not None else {}),
         **({"LAUNCH_DEPENDENTS": True} if launch_dependents and not single else {}),
+        **({"BALANCE": balance} if balance and not single else {}),
     )
 

@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 
 from ..numerics import LN2
-from .splits import split_chunk
+from .splits import balanced_splits, split_chunk
 
 try:  # programmatic dependent launch (triton >= 3.4); the launcher only asks for it when present
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -79,6 +79,23 @@ def _cp_local_len(n, cp_rank, CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexp
     cycles = n // CYCLE
     part = tl.minimum(tl.maximum(n - cycles * CYCLE - cp_rank * CP_INTERLEAVE, 0), CP_INTERLEAVE)
     return cycles * CP_INTERLEAVE + part
+
+
+@triton.jit
+def _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD: tl.constexpr,
+                CP_INTERLEAVE: tl.constexpr):
+    """The keys a balanced launch shares out (``splits.balanced_splits``): each request's
+    ``min(local(max(min(L, L_real), 0)), kv_capacity)``, summed (int64) over the batch."""
+    total = (batch * 0).to(tl.int64)
+    for b0 in range(0, batch, 128):
+        offs = b0 + tl.arange(0, 128)
+        m = offs < batch
+        n = tl.maximum(tl.minimum(tl.load(Seq_Lens + offs, mask=m, other=0),
+                                  tl.load(Real_Lens + offs, mask=m, other=0)), 0)
+        if CP_WORLD > 1:
+            n = _cp_local_len(n, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        total += tl.sum(tl.minimum(n, kv_capacity).to(tl.int64), axis=0)
+    return total
 
 
 @triton.jit
@@ -323,7 +340,7 @@ def _stage1_program(
     QSPLIT: tl.constexpr, SINGLE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FP8_DOT_FP16: tl.constexpr, SWAP_AB: tl.constexpr, USE_TMA: tl.constexpr, cp_rank,
     CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexpr, VARLEN: tl.constexpr,
-    HAS_TREE: tl.constexpr,
+    HAS_TREE: tl.constexpr, BALANCE: tl.constexpr,
 ):
     """Stage 1 for one (row block, request, split) ``pid``: the arguments of
     ``_fwd_verify_stage1`` (documented there). A function of its own so that the non-persistent
@@ -333,9 +350,14 @@ def _stage1_program(
     # Row blocks vary fastest so the row blocks of one (request, split) run side by side and
     # share its KV tiles through L2.
     pid_rb = pid % ROW_BLOCKS
-    pid_bs = pid // ROW_BLOCKS
-    pid_s = pid_bs % num_kv_splits
-    pid_b = pid_bs // num_kv_splits
+    if BALANCE:
+        # Requests next, splits slowest (``splits.py``: balanced splits).
+        pid_b = (pid // ROW_BLOCKS) % batch
+        pid_s = pid // (ROW_BLOCKS * batch)
+    else:
+        pid_bs = pid // ROW_BLOCKS
+        pid_s = pid_bs % num_kv_splits
+        pid_b = pid_bs // num_kv_splits
 
     seq_len = tl.load(Seq_Lens + pid_b)
     if HAS_REAL:
@@ -384,8 +406,14 @@ def _stage1_program(
     if VARLEN:
         min_lim = tl.minimum(min_lim, max_lim)  # a row block past the request's rows has none
 
-    # Split s of request b covers [s * chunk, min((s + 1) * chunk, L)).
-    chunk = split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
+    # Split s of request b covers [s * chunk, min((s + 1) * chunk, L)); BALANCE: of its k_req
+    # pieces, by its share of the batch's keys.
+    if BALANCE:
+        total = _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        k_req = balanced_splits(tl.minimum(req_lim, kv_capacity), total, batch, num_kv_splits, BALANCE)
+    else:
+        k_req = num_kv_splits
+    chunk = split_chunk(seq_len, k_req, SPLIT_ALIGN, MIN_SPLIT_LEN)
     split_start = pid_s * chunk
     split_end = tl.minimum(split_start + chunk, seq_len)
     kv_end = tl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
@@ -504,7 +532,25 @@ def _stage1_program(
     out0 = acc0 * inv_l[:, None]
     if QSPLIT:
         out1 = acc1 * inv_l[:, None]
-    if SINGLE:
+    if BALANCE:
+        # One piece: straight to o / lse, and slot 1's program marks the request done (+inf);
+        # several: each piece to its slot, the slots past them lse -inf (``splits.py``).
+        o_rows = row_valid & (k_req == 1) & (pid_s == 0)
+        mid_rows = row_valid & (k_req > 1) & (pid_s < k_req)
+        fill_rows = row_valid & (((k_req == 1) & (pid_s == 1)) | ((k_req > 1) & (pid_s >= k_req)))
+        p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(p_o, out0.to(O.dtype.element_ty), mask=o_rows[:, None])
+        if QSPLIT:
+            tl.store(p_o + HALF, out1.to(O.dtype.element_ty), mask=o_rows[:, None])
+        tl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=o_rows)
+        p_mid = Mid + q_row[:, None] * stride_mid_m + head[:, None] * stride_mid_h + pid_s * stride_mid_s
+        tl.store(p_mid + offs_d[None, :], out0, mask=mid_rows[:, None])
+        if QSPLIT:
+            tl.store(p_mid + HALF + offs_d[None, :], out1, mask=mid_rows[:, None])
+        p_mid_lse = Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + BLOCK_DMODEL
+        fill = tl.where(k_req == 1, float("inf"), float("-inf"))
+        tl.store(p_mid_lse, tl.where(fill_rows, fill, lse), mask=mid_rows | fill_rows)
+    elif SINGLE:
         p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(p_o, out0.to(O.dtype.element_ty), mask=row_valid[:, None])
         if QSPLIT:
@@ -567,6 +613,7 @@ def _fwd_verify_stage1(
     CP_INTERLEAVE: tl.constexpr,  # tokens per round-robin block of the sharded cache
     VARLEN: tl.constexpr = False,  # ragged draft counts through Qo_Indptr (see the top)
     HAS_TREE: tl.constexpr = False,  # draft trees through Tree_Mask (see the top)
+    BALANCE: tl.constexpr = 0,  # balanced splits (``splits.py``): pieces by the request's share
 ):
     if USE_PDL:
         # Stage 2 may be launched now; it waits for this grid's completion before reading Mid.
@@ -585,7 +632,7 @@ def _fwd_verify_stage1(
                 num_rows, QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL,
                 BLOCK_DPE, BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE,
                 DOT_PRECISION, FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE,
-                VARLEN, HAS_TREE,
+                VARLEN, HAS_TREE, BALANCE,
             )
     else:
         _stage1_program(
@@ -595,7 +642,7 @@ def _fwd_verify_stage1(
             K_Scale, batch, num_kv_splits, num_pages, kv_capacity, Qo_Indptr, Tree_Mask, num_rows,
             QLEN, NUM_HEADS, HAS_REAL, BLOCK_DMODEL, BLOCK_DPE,
             BLOCK_N, BLOCK_H, SPLIT_ALIGN, MIN_SPLIT_LEN, PAGE_SIZE, QSPLIT, SINGLE, DOT_PRECISION,
-            FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE, VARLEN, HAS_TREE,
+            FP8_DOT_FP16, SWAP_AB, USE_TMA, cp_rank, CP_WORLD, CP_INTERLEAVE, VARLEN, HAS_TREE, BALANCE,
         )
 
 
@@ -626,6 +673,7 @@ def _fwd_verify_stage2(
     CP_INTERLEAVE: tl.constexpr,
     VARLEN: tl.constexpr = False,  # as in stage 1
     HAS_TREE: tl.constexpr = False,  # as in stage 1
+    BALANCE: tl.constexpr = 0,  # stage 1 balanced its splits (``splits.py``): every slot is written
 ):
     if USE_PDL:
         # Launched before stage 1 has finished (its launch latency hidden behind stage 1's
@@ -665,15 +713,27 @@ def _fwd_verify_stage2(
     seq_len = tl.minimum(seq_len, kv_capacity)
     # Same chunking as stage 1; the row's splits are those starting below its limit, the
     # request's those starting below its last row's.
-    chunk = split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
-    n_splits = tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
-    n_req = tl.minimum(tl.cdiv(req_lim, chunk), num_kv_splits)
+    p_mid = Mid + row.to(tl.int64) * stride_mid_m + pid_h * stride_mid_h
+    if BALANCE:
+        # Stage 1 wrote every slot's lse this step: a piece's, or -inf for a slot the request
+        # does not use, or +inf in slot 1 of a request of one piece, which stage 1 wrote
+        # straight to o / lse (nothing to merge, nothing to write). A slot's o is read where
+        # its lse is finite (a NaN lse makes the row NaN through its weight).
+        if VARLEN:
+            done = tl.load(p_mid + stride_mid_s + Lv, mask=row_ok, other=0.0) == float("inf")
+        else:
+            done = tl.load(p_mid + stride_mid_s + Lv) == float("inf")
+        n_req = tl.where(done, 0, num_kv_splits)
+        n_splits = n_req
+    else:
+        chunk = split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
+        n_splits = tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
+        n_req = tl.minimum(tl.cdiv(req_lim, chunk), num_kv_splits)
     if VARLEN:
         n_req = tl.where(row_ok, n_req, 0)
 
     offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
     mask_d = offs_d < Lv
-    p_mid = Mid + row.to(tl.int64) * stride_mid_m + pid_h * stride_mid_h
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
@@ -685,6 +745,8 @@ def _fwd_verify_stage2(
         lse_s = tl.load(p_mid + offs_s * stride_mid_s + Lv, mask=offs_s < n_req,
                         other=float("-inf"))  # [BLOCK_S]
         mask_s = offs_s < n_splits
+        if BALANCE:
+            mask_s = mask_s & (lse_s > float("-inf"))
         o_s = tl.load(p_mid + offs_s[:, None] * stride_mid_s + offs_d[None, :],
                       mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_DV]
         m_new = tl.maximum(m_i, tl.max(lse_s, axis=0))
@@ -707,10 +769,18 @@ def _fwd_verify_stage2(
     if VARLEN:
         # (A vector mask: triton 3.9's interpreter cannot combine a loaded scalar's test with one.)
         mask_d = mask_d & (offs_d * 0 + tok < qlen_b)
+    if BALANCE:
+        mask_d = mask_d & ((offs_d * 0 + done.to(tl.int32)) == 0)
     tl.store(O + row.to(tl.int64) * stride_om + pid_h * stride_oh + offs_d,
              out.to(O.dtype.element_ty), mask=mask_d)
     if pid_d == 0:
-        if VARLEN:
+        if BALANCE:
+            write_lse = done == 0
+            if VARLEN:
+                write_lse = write_lse & row_ok
+            if write_lse:
+                tl.store(Lse + row.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)
+        elif VARLEN:
             if row_ok:
                 tl.store(Lse + row.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)
         else:

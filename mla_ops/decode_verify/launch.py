@@ -232,6 +232,9 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     plat = platform.current()
     num_heads = q.shape[1]
     single = num_kv_splits == 1
+    # Balanced splits (``splits.py``): stage 1 cuts each request by its share of the batch's
+    # keys, stage 2 reads every slot. Needs a workspace: one split runs as without the key.
+    balance = 0 if single else int(cfg.get("BALANCE", 0))
     if single:
         # Stage 1 writes o / lse directly; o only stands in for the workspace pointer.
         ws_arg, ws_strides = o, (0, 0, 0)
@@ -258,11 +261,12 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
                                    o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size,
                                    Lv, cfg, cp_world, cp_rank, cp_interleave, batch=batch,
-                                   qo_indptr=qo_indptr, tree_mask=tree_mask, launch_dependents=use_pdl)
+                                   qo_indptr=qo_indptr, tree_mask=tree_mask, launch_dependents=use_pdl,
+                                   balance=balance)
         if not single:
             _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides,
                            qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity,
-                           batch, qo_indptr, num_rows, drafts, **cp)
+                           batch, qo_indptr, num_rows, drafts, balance=balance, **cp)
         return
     _, stride_kpage, stride_ktok = cache_geometry(k_buffer, page_size)
     launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
@@ -302,22 +306,24 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         USE_PDL=use_pdl,
         **cp,
         **drafts,
+        **({"BALANCE": balance} if balance else {}),
         **launch_kw,
     )
     if single:
         return
     _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides, qlen,
                    num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity, batch,
-                   qo_indptr, num_rows, drafts, **cp)
+                   qo_indptr, num_rows, drafts, balance=balance, **cp)
 
 
 def _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides, qlen,
                    num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity, batch=None,
-                   qo_indptr=None, num_rows=None, drafts=None, CP_WORLD=1, CP_INTERLEAVE=1):
+                   qo_indptr=None, num_rows=None, drafts=None, balance=0, CP_WORLD=1, CP_INTERLEAVE=1):
     """The split merge (portable Triton), with the chunking of the config stage 1 ran and the
     ``kv_capacity`` of :func:`cache_bounds` (lengths past it are clamped and marked alike).
     One program per (request, token up to ``qlen``, head, column block): with ``qo_indptr``
-    the tokens a request does not have write nothing."""
+    the tokens a request does not have write nothing. ``balance``: stage 1 balanced its splits
+    (every slot written; a request of one piece already in o)."""
     block_dv = next_power_of_2(Lv)
     if cfg["S2_BLOCK_DV"]:
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
@@ -338,6 +344,7 @@ def _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides,
         CP_WORLD=CP_WORLD,
         CP_INTERLEAVE=CP_INTERLEAVE,
         **(drafts or {}),
+        **({"BALANCE": 1} if balance else {}),
         num_warps=cfg["s2_num_warps"],
         num_stages=1,
         **({"launch_pdl": True} if use_pdl else {}),

@@ -266,7 +266,8 @@ def plan_verify(batch: int, qlen: int, num_heads: int, max_seq_len: int, *,
     if num_kv_splits is None:
         num_kv_splits = verify_num_kv_splits(max(1, local_max), batch, qlen, num_heads, sm_count,
                                              block_h=cfg["BLOCK_H"],
-                                             min_work_per_split=cfg["SPLIT_WORK"])
+                                             min_work_per_split=cfg["SPLIT_WORK"],
+                                             balance=cfg.get("BALANCE", 0))
     same = frozenset(b for b in range(1, batch + 1) if b == batch or launch_config(
         b, qlen, num_heads, probe, v_head_dim, q_dtype=dtype, page_size=page_size) == cfg)
     if not isinstance(varlen, bool):

@@ -7,6 +7,17 @@ a CUDA graph). Each kernel then cuts a request of length ``L`` into chunks of
 ``SPLIT_ALIGN``: split ``s`` covers ``[s * chunk, min((s + 1) * chunk, L))``, so a short request
 uses fewer splits than the cap. The portable stage 1, the Gluon stage 1 and the stage-2 merge
 all call :func:`split_chunk` with the same config's ``SPLIT_ALIGN`` and ``MIN_SPLIT_LEN``.
+
+Balanced splits (a config's ``BALANCE`` = b >= 2, the plan's launches): the cap is b times the
+split count a batch of equal lengths would use (``verify_num_kv_splits`` multiplies it), and
+stage 1 cuts request r into ``k_r`` pieces (:func:`balanced_splits`) by its share of the
+batch's keys: ``k_r = round(cap // b * B * n_r / sum(n))`` within ``[1, cap]``, each piece
+``split_chunk(L, k_r)``. Equal lengths give every request ``cap // b`` pieces, what the
+launch without the key runs; with unequal ones a long request takes up to b times more pieces
+and a short one fewer, so no CTA holds much more than the mean (the longest request no longer
+sets the launch's time). The grid keeps the cap (static), its splits slowest: the slots a request
+leaves unused come last and cost a few microseconds. A request of one piece is written straight
+to o (no partial), and stage 2 leaves it alone (slot 1's lse is +inf); unused slots get lse -inf.
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ import triton.language as tl
 from .. import platform
 from ..host import cdiv
 
-__all__ = ["split_chunk", "verify_num_kv_splits", "verify_row_blocks"]
+__all__ = ["balanced_splits", "split_chunk", "verify_num_kv_splits", "verify_row_blocks"]
 
 
 @triton.jit
@@ -26,6 +37,17 @@ def split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN: tl.constexpr, MIN_SPLIT_LEN
     arithmetic, so the Gluon kernels call it too)."""
     chunk = tl.maximum(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT_LEN)
     return tl.cdiv(chunk, SPLIT_ALIGN) * SPLIT_ALIGN
+
+
+@triton.jit
+def balanced_splits(n_keys, total_keys, batch, num_kv_splits, BALANCE: tl.constexpr):
+    """Pieces of a request of ``n_keys`` keys in a balanced launch (the module's docstring):
+    ``round(num_kv_splits // BALANCE * batch * n_keys / total_keys)`` within
+    ``[1, num_kv_splits]`` (int64 arithmetic; 1 when the batch has no keys). Plain integer
+    arithmetic on scalars, so the Gluon kernels call it too."""
+    share = tl.maximum(num_kv_splits // BALANCE, 1).to(tl.int64) * batch * n_keys
+    k = (2 * share + total_keys) // (2 * tl.maximum(total_keys, 1))
+    return tl.minimum(tl.maximum(k, 1), num_kv_splits).to(tl.int32)
 
 
 def verify_row_blocks(qlen: int, num_heads: int, block_h: int) -> int:
@@ -43,6 +65,7 @@ def verify_num_kv_splits(
     occupancy: float = 1.0,
     min_work_per_split: int | None = None,
     max_splits: int = 8,
+    balance: int | None = None,
 ) -> int:
     """Static upper bound on KV splits (safe to bake into a CUDA graph).
 
@@ -57,8 +80,11 @@ def verify_num_kv_splits(
     split, and so the cap, follow the tile the launch will run (a fixed 32-row guess disagrees
     with the sm_90 table's 16/64-row tiles, which cost up to 2x on the H200 and twice the
     workspace at M1).
+
+    ``balance`` (default: the config's ``BALANCE``): a config that balances its splits gets
+    ``balance`` times the count as its cap (the module's docstring), at least 2.
     """
-    if block_h is None or min_work_per_split is None:
+    if block_h is None or min_work_per_split is None or balance is None:
         # Imported here: configs -> gluon_launch -> gluon_kernels -> kernels -> this module.
         from .configs import select_verify_config
 
@@ -66,6 +92,7 @@ def verify_num_kv_splits(
         block_h = cfg["BLOCK_H"] if block_h is None else block_h
         min_work_per_split = (cfg["SPLIT_WORK"] if min_work_per_split is None
                               else min_work_per_split)
+        balance = cfg.get("BALANCE", 0) if balance is None else balance
     sm_count = platform.current().sm_count if sm_count is None else sm_count
     programs_per_split = max(1, batch) * verify_row_blocks(qlen, num_heads, block_h)
     ideal = cdiv(max(1, max_seq_len), max(1, min_work_per_split))
@@ -79,4 +106,5 @@ def verify_num_kv_splits(
         ]
         best = min(c for c, _ in cost)
         n = min(n for c, n in cost if c <= best * 1.05)
-    return max(1, min(ideal, n, sm_count * 2))
+    n = max(1, min(ideal, n, sm_count * 2))
+    return n * balance if balance and balance >= 2 else n
