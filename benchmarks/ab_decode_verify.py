@@ -21,6 +21,10 @@ reported and skipped.
 bf16 cache beside its fp8 one); a shape with another cache than its own is labelled as a grid
 point (``H128-q2-B16-L32768-bf16-p64``).
 
+``--spread`` gives the requests lengths drawn uniformly from ``[qlen, L]`` (seeded; a batch as
+serving sees it, mean about L / 2) instead of L each: where balanced splits (``BALANCE``) differ
+from the split count of equal lengths. Bandwidth and FLOP rates are then of the drawn lengths.
+
 ``--rounds N`` times each variant N times, round-robin (median of each round's graph-replay
 median is reported, with the spread), so that a drift of the machine hits all variants alike.
 """
@@ -65,6 +69,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="each named shape with each of these caches instead of its own")
     p.add_argument("--variant", nargs="+", default=["{}"], help="JSON config overrides")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--spread", action="store_true",
+                   help="request lengths drawn uniformly from [qlen, L] instead of L each")
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--no-prequeue", action="store_true",
                    help="also time each variant from an idle GPU (host launch latency included)")
@@ -145,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not vs:
             continue
         inp = decode.make_inputs(case, device, decode.DTYPES[dtype], seed=args.seed)
+        scale = 1.0  # the drawn lengths' share of the full ones (rates below)
+        if args.spread:
+            scale = decode.spread_lengths(inp, case, args.seed)
         ref = decode.reference(api, inp, case, DEFAULT_SM_SCALE)
         calls = []
         for label, over, splits, cfg in vs:
@@ -160,11 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fn, device, args.replays, prequeue=False)[0]) for c in calls})
         times = harness.interleaved(timers, args.rounds)
         first = statistics.median(times[calls[0][0]])
-        nbytes, nflops = unique_bytes(case, 2), flops(case)
+        nbytes, nflops = unique_bytes(case, 2) * scale, flops(case) * scale
         print(f"{case.name or '-'} ({case.label}):")
         for label, over, splits, cfg, _fn, chk in calls:
             t = statistics.median(times[label])
             row = {"shape": case.name or case.label, "variant": label, "overrides": over,
+                   "lens": "spread" if args.spread else "equal",
                    "num_kv_splits": splits, "config": cfg, "time_us": t,
                    "times_us": times[label], "ratio": t / first,
                    "TBps": nbytes / (t * 1e-6) / 1e12, "TFLOPs": nflops / (t * 1e-6) / 1e12,

@@ -58,6 +58,7 @@ KNOBS = {
     "--persistent": ("PERSISTENT", "stage-1 programs per SM (0: one per work item)"),
     "--pdl": ("PDL", "stage 2 by programmatic dependent launch (0/1)"),
     "--split-work": ("SPLIT_WORK", "keys per split the default split cap aims for"),
+    "--balance": ("BALANCE", "balanced splits: the cap x this, pieces by each request's share (0: off)"),
 }
 
 
@@ -132,7 +133,8 @@ def default_splits(api: Api, case: Case, cfg: dict) -> int:
     SPLIT_WORK (what ``plan_verify`` computes for the table's config)."""
     return api.verify_num_kv_splits(case.L, case.B, case.qlen, case.H, api.sm_count,
                                     block_h=cfg.get("BLOCK_H"),
-                                    min_work_per_split=cfg.get("SPLIT_WORK"))
+                                    min_work_per_split=cfg.get("SPLIT_WORK"),
+                                    balance=cfg.get("BALANCE", 0))
 
 
 def launches(api: Api, case: Case, args: argparse.Namespace) -> list[tuple]:
@@ -215,6 +217,15 @@ def make_inputs(case: Case, device: str, act_dtype: torch.dtype, rotate: int = 1
     o = torch.empty(rows, case.H, LV, dtype=act_dtype, device=device)
     lse = torch.empty(rows, case.H, dtype=torch.float32, device=device)
     return Inputs(q, kvs, req_to_token, seq_lens, k_scale, o, lse)
+
+
+def spread_lengths(inp: Inputs, case: Case, seed: int = 0) -> float:
+    """Replace ``inp``'s equal lengths by lengths drawn uniformly from ``[qlen, L]`` (seeded, in
+    place: the block table already covers L); returns their mean over L."""
+    gen = torch.Generator(device="cpu").manual_seed(1000 + seed)
+    lens = torch.randint(case.qlen, case.L + 1, (case.B,), generator=gen, dtype=torch.int32)
+    inp.seq_lens.copy_(lens.to(inp.seq_lens.device))
+    return float(lens.double().mean()) / case.L
 
 
 def make_baseline_inputs(case: Case, inp: Inputs) -> Inputs:

@@ -11,7 +11,8 @@
 #   bash benchmarks/h200_session.sh eager   # FlashMLA built from .flashmla/ when present
 #                                           # (../shared/flashmla's kit), then eager_launch.py
 #   bash benchmarks/h200_session.sh e2e     # the same FlashMLA build, then serving_step_e2e.py
-#                                           # at B 32 and 128 (E2E_BATCHES), qlen 2 and 4
+#                                           # at B 32 and 128 (E2E_BATCHES), qlen 2 and 4, with
+#                                           # its variant engine when E2E_VARIANT (JSON) is set
 #   bash benchmarks/h200_session.sh bound   # where the Gluon encoder kernel's time goes: Nsight
 #                                           # Compute's pipe and warp-state sections at P2 and
 #                                           # P7 (ncu_P2.csv, ncu_P7.csv), then exp2 on MUFU /
@@ -79,7 +80,7 @@ eager() {
 e2e() {  # the serving step with its FlashMLA engine (built from .flashmla/ when present)
   flashmla
   timeout 240 python3 benchmarks/serving_step_e2e.py --batches ${E2E_BATCHES:-32 128} --qlens 2 4 \
-    --json "$OUT/serving_step.json" 2>&1 | tail -12
+    ${E2E_VARIANT:+--variant "$E2E_VARIANT"} --json "$OUT/serving_step.json" 2>&1 | tail -12
 }
 bench() {
   timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \

@@ -19,6 +19,10 @@ The engines run the same model, each captured in one CUDA graph per batch bucket
   layers, as an engine runs it. FlashMLA has no padded drafts (real lengths): it attends over
   the whole draft and is checked against the model without padding.
 
+``--variant JSON`` adds an engine ``variant``: the ``verify`` engine planned and captured while
+the decode-verify table has those keys laid over every rule of the Gluon family (an A/B of a
+table change end to end, in one process: ``--variant '{"BALANCE": 2}'``).
+
 It reports the step latency and verified tokens/s of each, checks each against the same model
 computed in plain PyTorch (float32 attention reference), and writes JSON.
 
@@ -29,7 +33,11 @@ computed in plain PyTorch (float32 attention reference), and writes JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
+import json
 import math
+import tempfile
 import os
 import sys
 
@@ -202,6 +210,32 @@ class Engine:
         return self.out
 
 
+@contextlib.contextmanager
+def gluon_rules_with(overrides: dict):
+    """The decode-verify table of this GPU with ``overrides`` laid over each rule of the Gluon
+    family, for the launches selected inside (a captured graph keeps them); the package's table
+    again after."""
+    from mla_ops import platform, tuning
+
+    kernel = tuning.KERNELS["decode_verify"]
+    arch = platform.current().arch
+    tbl = copy.deepcopy(tuning.table("decode_verify", arch))
+    for rule in tbl["rules"]:
+        if rule["config"].get("family") == "gluon":
+            rule["config"].update(overrides)
+    saved = kernel.table_dir
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, f"{arch}.json"), "w") as f:
+            json.dump(tbl, f)
+        kernel.table_dir = type(saved)(tmp)
+        tuning.table.cache_clear()
+        try:
+            yield
+        finally:
+            kernel.table_dir = saved
+            tuning.table.cache_clear()
+
+
 def reference_attend(cache, lens, real, table, qlen, cfg):
     def attend(layer, q):
         o, _ = mla_ops.decode_verify_ref(q, cache[:, :, layer:layer + 1], cfg["kv_lora"], table,
@@ -246,6 +280,8 @@ def main(argv=None) -> int:
     p.add_argument("--interpret", action="store_true", help=cli.INTERPRET_HELP)
     p.add_argument("--no-flashmla", action="store_true",
                    help="no FlashMLA engine even where flash_mla imports")
+    p.add_argument("--variant", type=json.loads, default=None, metavar="JSON",
+                   help="an engine 'variant': verify with these keys over the table's Gluon rules")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.interpret:
@@ -277,6 +313,10 @@ def main(argv=None) -> int:
         for batch in batches:
             engines = {k: Engine(k, model, cache, batch, qlen, max_len, device, args.interpret, fm)
                        for k in kinds}
+            if args.variant:
+                with gluon_rules_with(args.variant):
+                    engines["variant"] = Engine("verify", model, cache, batch, qlen, max_len, device,
+                                                args.interpret)
             errs = {k: 0.0 for k in engines}
             lens, table = make_requests(cfg, batch, qlen, max_len, args.steps, num_pages, device,
                                         gen)
@@ -307,12 +347,20 @@ def main(argv=None) -> int:
                 row.update(flashmla_us=us["flashmla"], err_flashmla=errs["flashmla"],
                            vs_flashmla=us["verify"] / us["flashmla"])
                 fm_txt = f"  flashmla {us['flashmla']:9.1f} us (verify / flashmla {row['vs_flashmla']:.3f})"
+            if "variant" in us:
+                row.update(variant=args.variant, variant_us=us["variant"], err_variant=errs["variant"],
+                           variant_vs_verify=us["variant"] / us["verify"])
+                fm_txt += f"  variant {us['variant']:9.1f} us (/ verify {row['variant_vs_verify']:.3f}"
+                if "flashmla" in us:
+                    row["variant_vs_flashmla"] = us["variant"] / us["flashmla"]
+                    fm_txt += f", / flashmla {row['variant_vs_flashmla']:.3f}"
+                fm_txt += ")"
             rows.append(row)
             print(f"qlen {qlen} B {batch:4d}: verify {us['verify']:9.1f} us  feed "
                   f"{us['feed']:9.1f} us  x{row['speedup']:.2f}{fm_txt}  err "
                   + " / ".join(f"{errs[k]:.1e}" for k in engines), flush=True)
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
-    ok = all(r[f"err_{k}"] < tol for r in rows for k in kinds)
+    ok = all(r[f"err_{k}"] < tol for r in rows for k in kinds + (("variant",) if args.variant else ()))
     print(f"{'all steps match the plain-PyTorch model' if ok else 'MISMATCH'} (rel. err < {tol})")
     if args.json:
         results.write_json(args.json, rows)

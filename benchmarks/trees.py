@@ -133,7 +133,8 @@ def decode_launch(mod: ModuleType, case, act, device: str) -> tuple[dict, int]:
     splits = mod.verify_num_kv_splits(case.L, case.B, case.qlen, case.H,
                                       mod.platform.current().sm_count,
                                       block_h=cfg.get("BLOCK_H"),
-                                      min_work_per_split=cfg.get("SPLIT_WORK"))
+                                      min_work_per_split=cfg.get("SPLIT_WORK"),
+                                      balance=cfg.get("BALANCE", 0))
     return cfg, splits
 
 

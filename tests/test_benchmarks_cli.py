@@ -406,7 +406,7 @@ def _fake_api(bad_block_h=None, raise_stages=None):
         o.copy_(ro + (1.0 if cfg["BLOCK_H"] == bad_block_h else 0.0))
         lse.copy_(rl)
 
-    def splits(L, B, qlen, H, sm, block_h=None, min_work_per_split=None):
+    def splits(L, B, qlen, H, sm, block_h=None, min_work_per_split=None, balance=None):
         return 2 if block_h == 32 else 3
 
     return decode.Api(kernel, select_verify_config, splits, decode_verify_ref, 132)
