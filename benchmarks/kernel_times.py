@@ -35,6 +35,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="other shapes: heads, verify tokens, batch, keys, and fp8 for an fp8 cache")
     p.add_argument("--variant", default="{}", help="JSON config overrides (default: the table's)")
     p.add_argument("--calls", type=cli.positive, default=20, help="launches per captured graph")
+    p.add_argument("--spread", action="store_true",
+                   help="request lengths drawn uniformly from [qlen, L] (decode.spread_lengths)")
     p.add_argument("--json", metavar="PATH", help="write the rows (with the environment) here")
     args = p.parse_args(argv)
     args.shape = cli.split_names(p, args.shape, SHAPES, "--shape") if args.shape else []
@@ -49,12 +51,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int) -> dict:
+def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int, spread: bool = False) -> dict:
     import torch
 
     cfg = decode.effective_config(api, case, overrides or None)
     splits = decode.default_splits(api, case, cfg)
     inp = decode.make_inputs(case, "cuda", torch.bfloat16)
+    if spread:
+        decode.spread_lengths(inp, case)
     fn = decode.make_call(api, inp, case.qlen, splits, DEFAULT_SM_SCALE, case.page_size, overrides or None)
     fn()  # compiles outside the capture
     torch.cuda.synchronize()
@@ -64,7 +68,7 @@ def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int) -> di
             fn()
     prof = harness.kernel_profile(graph.replay, calls)
     return {"shape": case.name or case.label, "num_kv_splits": splits, "config": cfg,
-            "overrides": overrides, "per_call_us": prof["per_call_us"],
+            "overrides": overrides, "lens": "spread" if spread else "equal", "per_call_us": prof["per_call_us"],
             "kernels_us": prof["kernels_us"], "max_gap_us": prof["max_gap_us"]}
 
 
@@ -78,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.banner("decode_verify kernel times", env)
     rows = []
     for case in [SHAPES[n].case for n in args.shape] + list(args.case):
-        row = kernel_times(api, case, args.overrides, args.calls)
+        row = kernel_times(api, case, args.overrides, args.calls, args.spread)
         rows.append(row)
         kernels = ", ".join(f"{n.split('(')[0][:28]} {t:.2f}" for n, t in row["kernels_us"].items())
         print(f"  {row['shape']:32s} splits {row['num_kv_splits']:3d}: {row['per_call_us']:8.2f} us per call "
