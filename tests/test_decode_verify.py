@@ -428,6 +428,10 @@ GPU_BALANCE = [
     ("B3-H128-q1-bf16", dict(batch=3, heads=128, qlen=1, lens=(5000, 300, 1000), page=64), 4, "bf16"),
     ("B5-H16-q2-fp8", dict(batch=5, heads=16, qlen=2, lens=(2000, 5, 700, 64, 3333), page=64), 8, "fp8"),
     ("B3-H128-q2-fp8", dict(batch=3, heads=128, qlen=2, lens=(4096, 100, 700), page=128), 4, "fp8"),
+    # more requests than one pass of the kernels' batch sum (32 in the Gluon partitions, 128 in
+    # the portable kernel) holds
+    ("B150-H16-q4-bf16", dict(batch=150, heads=16, qlen=4, lens=tuple(1 + (i * 977) % 3000 for i in range(150)),
+                              page=64), 2, "bf16"),
 ]
 
 

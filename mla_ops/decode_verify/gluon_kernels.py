@@ -148,7 +148,7 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     pid_rb = pid % row_blocks
     if BALANCE:
         # Requests next, splits slowest: every request's first piece is dispatched before any
-        # second one, and the slots a request leaves unused come last.
+        # second one. A CTA past its request's pieces has returned (``_holds_piece``).
         batch = gl.num_programs(0) // (row_blocks * num_kv_splits)
         pid_b = (pid // row_blocks) % batch
         pid_s = pid // (row_blocks * batch)
@@ -223,6 +223,26 @@ def _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD: gl.c
                                   gl.load(Real_Lens + offs, mask=m, other=0)), 0)
         total += gl.sum(gl.minimum(_local(n, cp_rank, CP_WORLD, CP_INTERLEAVE), kv_capacity), axis=0)
     return total
+
+
+@gluon.jit
+def _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX: gl.constexpr,
+                 HEAD_BOX: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr,
+                 BALANCE: gl.constexpr):
+    """Whether this CTA of a balanced launch holds one of its request's pieces (``_work``'s
+    mapping; slot ``pid_s`` below the request's ``balanced_splits``). The kernels return at
+    once where not, before their barriers and partitions: such a CTA has nothing to write (the
+    request's pieces fill its unused slots, ``_store_out``)."""
+    rb_per_tok = num_heads // HEAD_BOX
+    row_blocks = (qlen + TOK_BOX - 1) // TOK_BOX * rb_per_tok
+    batch = gl.num_programs(0) // (row_blocks * num_kv_splits)
+    pid = gl.program_id(0)
+    pid_b = (pid // row_blocks) % batch
+    pid_s = pid // (row_blocks * batch)
+    n = gl.maximum(gl.minimum(gl.load(Seq_Lens + pid_b), gl.load(Real_Lens + pid_b)), 0)
+    n = gl.minimum(_local(n, cp_rank, CP_WORLD, CP_INTERLEAVE), kv_capacity)
+    total = _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE)
+    return pid_s < balanced_splits(n, total, batch, num_kv_splits, BALANCE)
 
 
 @gluon.jit
@@ -523,7 +543,7 @@ def _consumer(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.cons
     _store_out(WG, acc0, acc1, acc2, acc3, gl.convert_layout(l_i, ROW_O), gl.convert_layout(m_i, ROW_O),
                k_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh,
                stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, MMA_O,
-               k_req=k_req, BALANCE=BALANCE)
+               k_req=k_req, BALANCE=BALANCE, n_slots=num_kv_splits)
 
 
 @gluon.jit
@@ -584,6 +604,10 @@ def _verify_stage1_ws(
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    if BALANCE:
+        if not _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE):
+            return
     gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
     gl.static_assert(LV == 8 * _DT)
     KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
@@ -1228,7 +1252,7 @@ def _consumer_alt(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.
     m_i = gl.where(n_blocks > 0, sm_smem.load(ROW), float("-inf"))
     _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-               HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT, k_req, BALANCE)
+               HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT, k_req, BALANCE, num_kv_splits)
 
 
 @gluon.jit
@@ -1305,16 +1329,17 @@ def _final_scales(l_i, m_i, v_scale, marked):
 
 
 @gluon.jit
-def _fill_lse(value: gl.constexpr, Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_mid_m, stride_mid_h,
+def _fill_lse(value: gl.constexpr, Mid, row_base, s0, s1, tok0, head0, qlen, qlen_b, stride_mid_m, stride_mid_h,
               stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, VARLEN: gl.constexpr):
-    """A balanced launch's CTA without a piece of its request (``_store_out``): its rows' lse
-    in its slot of ``Mid`` := ``value``, -inf (no key there: stage 2 gives the slot no weight),
-    or +inf in slot 1 of a request written straight to o (stage 2 leaves its rows alone)."""
+    """The slots ``[s0, s1)`` of ``Mid`` a balanced launch's request does not use
+    (``_store_out``), its rows' lse := ``value``: -inf past its last piece (stage 2 gives them no
+    weight), +inf in slot 1 of a request written straight to o (stage 2 leaves its rows alone)."""
     L: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     q_row, head, valid = _out_rows(gl.arange(0, _BM, layout=L), tok0, head0, qlen_b, row_base, qlen, HEAD_BOX,
                                    VARLEN)
-    gl.store(Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + LV,
-             gl.full([_BM], value, gl.float32, L), mask=valid)
+    base = Mid + q_row * stride_mid_m + head * stride_mid_h + LV
+    for s in range(s0, s1):
+        gl.store(base + s * stride_mid_s, gl.full([_BM], value, gl.float32, L), mask=valid)
 
 
 @gluon.jit
@@ -1322,28 +1347,26 @@ def _store_out(WG: gl.constexpr, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, mark
                tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
                VARLEN: gl.constexpr, MMA: gl.constexpr, kv_smem=None, STAGE_OUT: gl.constexpr = False,
-               k_req=None, BALANCE: gl.constexpr = 0):
+               k_req=None, BALANCE: gl.constexpr = 0, n_slots=None):
     """The CTA's output (``_store_out_to``). BALANCE: the request's ``k_req`` pieces decide
-    where: one piece (the CTA of slot 0) straight to o / lse, slot 1's CTA marking the request
-    done (``_fill_lse``, +inf); several: pieces to their slots of ``Mid``, the slots past them
-    -inf."""
+    where: one piece straight to o / lse, marking slot 1 (``_fill_lse``, +inf) so that stage 2
+    leaves the request alone; several: each to its slot of ``Mid``, the last one setting the
+    slots past them (up to ``n_slots``) to -inf: the CTAs of those slots have returned."""
     if BALANCE:
         if k_req == 1:
-            if pid_s == 0:
-                _store_out_to(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
-                              tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
-                              stride_mid_h, stride_mid_s, HEAD_BOX, LV, True, VARLEN, MMA, kv_smem, STAGE_OUT)
-            elif pid_s == 1:
-                if WG == 0:
-                    _fill_lse(float("inf"), Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_mid_m,
-                              stride_mid_h, stride_mid_s, HEAD_BOX, LV, VARLEN)
+            _store_out_to(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
+                          tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                          stride_mid_h, stride_mid_s, HEAD_BOX, LV, True, VARLEN, MMA, kv_smem, STAGE_OUT)
+            if WG == 0:
+                _fill_lse(float("inf"), Mid, row_base, 1, 2, tok0, head0, qlen, qlen_b, stride_mid_m,
+                          stride_mid_h, stride_mid_s, HEAD_BOX, LV, VARLEN)
         elif pid_s < k_req:
             _store_out_to(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
                           tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                           stride_mid_h, stride_mid_s, HEAD_BOX, LV, False, VARLEN, MMA, kv_smem, STAGE_OUT)
-        elif WG == 0:
-            _fill_lse(float("-inf"), Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_mid_m, stride_mid_h,
-                      stride_mid_s, HEAD_BOX, LV, VARLEN)
+            if WG == 0 and pid_s == k_req - 1:
+                _fill_lse(float("-inf"), Mid, row_base, k_req, n_slots, tok0, head0, qlen, qlen_b, stride_mid_m,
+                          stride_mid_h, stride_mid_s, HEAD_BOX, LV, VARLEN)
     else:
         _store_out_to(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0,
                       head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
@@ -1456,6 +1479,10 @@ def _verify_stage1_alt(
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    if BALANCE:
+        if not _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE):
+            return
     KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
     q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
     ROWS_L: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -1569,25 +1596,24 @@ def _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N: gl.co
 def _swapab_epilogue(WG: gl.constexpr, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base,
                      pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                      stride_mid_h, stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
-                     VARLEN: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr, k_req, BALANCE: gl.constexpr):
+                     VARLEN: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr, k_req, BALANCE: gl.constexpr,
+                     n_slots):
     """``_swapab_out`` where ``_store_out`` would store (BALANCE: by the request's pieces)."""
     if BALANCE:
         if k_req == 1:
-            if pid_s == 0:
-                _swapab_out(WG, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
-                            tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
-                            stride_mid_h, stride_mid_s, HEAD_BOX, LV, True, VARLEN, R, MMA)
-            elif pid_s == 1:
-                if WG == 0:
-                    _fill_lse(float("inf"), Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_mid_m,
-                              stride_mid_h, stride_mid_s, HEAD_BOX, LV, VARLEN)
+            _swapab_out(WG, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
+                        tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
+                        stride_mid_h, stride_mid_s, HEAD_BOX, LV, True, VARLEN, R, MMA)
+            if WG == 0:
+                _fill_lse(float("inf"), Mid, row_base, 1, 2, tok0, head0, qlen, qlen_b, stride_mid_m,
+                          stride_mid_h, stride_mid_s, HEAD_BOX, LV, VARLEN)
         elif pid_s < k_req:
             _swapab_out(WG, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
                         tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                         stride_mid_h, stride_mid_s, HEAD_BOX, LV, False, VARLEN, R, MMA)
-        elif WG == 0:
-            _fill_lse(float("-inf"), Mid, row_base, pid_s, tok0, head0, qlen, qlen_b, stride_mid_m, stride_mid_h,
-                      stride_mid_s, HEAD_BOX, LV, VARLEN)
+            if WG == 0 and pid_s == k_req - 1:
+                _fill_lse(float("-inf"), Mid, row_base, k_req, n_slots, tok0, head0, qlen, qlen_b, stride_mid_m,
+                          stride_mid_h, stride_mid_s, HEAD_BOX, LV, VARLEN)
     else:
         _swapab_out(WG, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0,
                     head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
@@ -1717,7 +1743,7 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
 
     _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0,
                      qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
-                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE)
+                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE, num_kv_splits)
 
 
 @gluon.jit
@@ -1829,7 +1855,7 @@ def _consumer_swapab_blocks(WG: gl.constexpr, shared, sx_smem, x_bar, TOK_BOX: g
 
     _swapab_epilogue(WG, own0, own1, own2, own3, l_t, m_t, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0,
                      qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
-                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE)
+                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE, num_kv_splits)
 
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
@@ -1856,6 +1882,10 @@ def _verify_stage1_swapab(
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    if BALANCE:
+        if not _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE):
+            return
     KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
     gl.static_assert(ROWS == 16 or ROWS == 32)
     q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
@@ -2486,7 +2516,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     l_i = _pair_row_sums(WG, l_i, sl_smem, l_bar, ROW)
     _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_f, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-               HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT, k_req, BALANCE)
+               HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT, k_req, BALANCE, num_kv_splits)
 
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
@@ -2516,6 +2546,10 @@ def _verify_stage1_seesaw(
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    if BALANCE:
+        if not _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX,
+                            cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE):
+            return
     gl.static_assert(N_DT == 9)
     KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
     q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)

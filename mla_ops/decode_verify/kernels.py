@@ -533,11 +533,11 @@ def _stage1_program(
     if QSPLIT:
         out1 = acc1 * inv_l[:, None]
     if BALANCE:
-        # One piece: straight to o / lse, and slot 1's program marks the request done (+inf);
-        # several: each piece to its slot, the slots past them lse -inf (``splits.py``).
+        # One piece: straight to o / lse, slot 1's lse +inf (stage 2 leaves the request alone);
+        # several: each piece to its slot, the last one setting the slots past them to -inf.
+        # (A program past its request's pieces writes nothing.)
         o_rows = row_valid & (k_req == 1) & (pid_s == 0)
         mid_rows = row_valid & (k_req > 1) & (pid_s < k_req)
-        fill_rows = row_valid & (((k_req == 1) & (pid_s == 1)) | ((k_req > 1) & (pid_s >= k_req)))
         p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(p_o, out0.to(O.dtype.element_ty), mask=o_rows[:, None])
         if QSPLIT:
@@ -547,9 +547,12 @@ def _stage1_program(
         tl.store(p_mid + offs_d[None, :], out0, mask=mid_rows[:, None])
         if QSPLIT:
             tl.store(p_mid + HALF + offs_d[None, :], out1, mask=mid_rows[:, None])
-        p_mid_lse = Mid + q_row * stride_mid_m + head * stride_mid_h + pid_s * stride_mid_s + BLOCK_DMODEL
-        fill = tl.where(k_req == 1, float("inf"), float("-inf"))
-        tl.store(p_mid_lse, tl.where(fill_rows, fill, lse), mask=mid_rows | fill_rows)
+        p_row_lse = Mid + q_row * stride_mid_m + head * stride_mid_h + BLOCK_DMODEL
+        tl.store(p_row_lse + pid_s * stride_mid_s, lse, mask=mid_rows)
+        tl.store(p_row_lse + stride_mid_s, tl.full([BLOCK_H], float("inf"), tl.float32), mask=o_rows)
+        last = (k_req > 1) & (pid_s == k_req - 1)
+        for s in range(k_req, tl.where(last, num_kv_splits, k_req)):
+            tl.store(p_row_lse + s * stride_mid_s, tl.full([BLOCK_H], float("-inf"), tl.float32), mask=row_valid)
     elif SINGLE:
         p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(p_o, out0.to(O.dtype.element_ty), mask=row_valid[:, None])
