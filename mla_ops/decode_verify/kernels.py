@@ -536,8 +536,11 @@ def _stage1_program(
         # One piece: straight to o / lse, slot 1's lse +inf (stage 2 leaves the request alone);
         # several: each piece to its slot, the last one setting the slots past them to -inf.
         # (A program past its request's pieces writes nothing.)
-        o_rows = row_valid & (k_req == 1) & (pid_s == 0)
-        mid_rows = row_valid & (k_req > 1) & (pid_s < k_req)
+        # (Vector tests: triton 3.9's interpreter cannot mask with a loaded scalar's test.)
+        k_rows = q_row * 0 + k_req
+        s_rows = q_row * 0 + pid_s
+        o_rows = row_valid & (k_rows == 1) & (s_rows == 0)
+        mid_rows = row_valid & (k_rows > 1) & (s_rows < k_rows)
         p_o = O + q_row[:, None] * stride_om + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(p_o, out0.to(O.dtype.element_ty), mask=o_rows[:, None])
         if QSPLIT:
