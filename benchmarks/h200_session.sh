@@ -27,6 +27,10 @@
 #                                           # where each partition waits, *_stalls.md)
 #   bash benchmarks/h200_session.sh bf16bound # the same profiles of the table's bf16 stage 1
 #                                           # at M5 and M3 (ncu_M5_table*, ncu_M3_table*)
+#   bash benchmarks/h200_session.sh balance # balanced splits (BALANCE 2): their GPU tests, the A/B
+#                                           # against the table at the launches of one dispatch
+#                                           # round, lengths spread and equal (ab_balance_*.json),
+#                                           # per-kernel times at spread lengths (kt_*_spread.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -145,6 +149,22 @@ bf16bound() {  # the table's bf16 Gluon stage 1 where FlashMLA leads most: H128 
   stage1_ncu M3_table M3 bf16 '{}'
 }
 
+balance() {
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" tests/test_decode_verify.py \
+    tests/test_gluon_verify.py -k "balance or balanced" 2>&1 | tee "$OUT/gpu_tests_balance.txt" | tail -4
+  for lens in spread equal; do
+    timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 M3 M4 M7 --case 16,2,16,32768 \
+      128,2,16,32768 $([ $lens = spread ] && echo --spread) --variant '{}' '{"BALANCE": 2}' --rounds 3 \
+      --json "$OUT/ab_balance_$lens.json" 2>&1 | tail -30
+  done
+  kt() {  # $1 name, $2 variant
+    timeout 60 python3 benchmarks/kernel_times.py --shape M2 M3 --case 16,2,16,32768 --spread --calls 10 \
+      --variant "$2" --json "$OUT/kt_$1_spread.json" 2>&1 | tail -4
+  }
+  kt table '{}'
+  kt balance '{"BALANCE": 2}'
+}
+
 abtree() {
   base=${AB_BASE:-.ab_base}
   [ -f "$base/mla_ops/__init__.py" ] || { echo "no $base/mla_ops: carry it (run tool: carry)"; return 2; }
@@ -162,9 +182,10 @@ eager) eager ;;
 e2e) e2e ;;
 flashmla) flashmla ;;
 abtree) abtree ;;
+balance) balance ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac
