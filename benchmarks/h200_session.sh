@@ -30,7 +30,8 @@
 #   bash benchmarks/h200_session.sh balance # balanced splits (BALANCE 2): their GPU tests, the A/B
 #                                           # against the table at the launches of one dispatch
 #                                           # round, lengths spread and equal (ab_balance_*.json),
-#                                           # per-kernel times at spread lengths (kt_*_spread.json)
+#                                           # per-kernel times and CTA timelines at spread
+#                                           # lengths (kt_*_spread.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -159,7 +160,7 @@ balance() {
   done
   kt() {  # $1 name, $2 variant
     timeout 60 python3 benchmarks/kernel_times.py --shape M2 M3 --case 16,2,16,32768 --spread --calls 10 \
-      --variant "$2" --json "$OUT/kt_$1_spread.json" 2>&1 | tail -4
+      --timeline --variant "$2" --json "$OUT/kt_$1_spread.json" 2>&1 | tail -7
   }
   kt table '{}'
   kt balance '{"BALANCE": 2}'

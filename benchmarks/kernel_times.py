@@ -8,6 +8,12 @@ which ``ab_decode_verify.py`` (the whole launch) cannot.
     python benchmarks/kernel_times.py --shape M2 M3 --case 16,4,32,4096 16,1,32,4096,fp8 \\
         --variant '{"STAGE_OUT": 1}' --json kernel_times.json
 
+``--timeline`` adds, for a launch whose stage 1 is the Gluon family's, one more eager call with
+the CTA timeline probe on (``gluon_launch.cta_timeline``): each CTA's request, split, SM, start
+and end in µs from the launch's first start (``timeline.ctas``), the launch's span, the SMs it
+used and their share of idle time, and the CTAs that end last: how the CTAs were dispatched,
+where the per-kernel times say only how long the launch took.
+
 GPU only (the profiler times CUDA kernels): on a machine without one it says so and exits 2.
 """
 
@@ -37,6 +43,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calls", type=cli.positive, default=20, help="launches per captured graph")
     p.add_argument("--spread", action="store_true",
                    help="request lengths drawn uniformly from [qlen, L] (decode.spread_lengths)")
+    p.add_argument("--timeline", action="store_true",
+                   help="each Gluon stage-1 CTA's SM, start and end (one more eager call)")
     p.add_argument("--json", metavar="PATH", help="write the rows (with the environment) here")
     args = p.parse_args(argv)
     args.shape = cli.split_names(p, args.shape, SHAPES, "--shape") if args.shape else []
@@ -51,7 +59,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int, spread: bool = False) -> dict:
+def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int, spread: bool = False,
+                 timeline: bool = False) -> dict:
     import torch
 
     cfg = decode.effective_config(api, case, overrides or None)
@@ -67,9 +76,55 @@ def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int, sprea
         for _ in range(calls):
             fn()
     prof = harness.kernel_profile(graph.replay, calls)
-    return {"shape": case.name or case.label, "num_kv_splits": splits, "config": cfg,
-            "overrides": overrides, "lens": "spread" if spread else "equal", "per_call_us": prof["per_call_us"],
-            "kernels_us": prof["kernels_us"], "max_gap_us": prof["max_gap_us"]}
+    row = {"shape": case.name or case.label, "num_kv_splits": splits, "config": cfg,
+           "overrides": overrides, "lens": "spread" if spread else "equal", "per_call_us": prof["per_call_us"],
+           "kernels_us": prof["kernels_us"], "max_gap_us": prof["max_gap_us"]}
+    if timeline:
+        row["timeline"] = cta_timeline(api, case, cfg, splits, inp, overrides)
+    return row
+
+
+def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overrides: dict) -> dict | None:
+    """One eager call of ``case``'s launch with the CTA probe on (the module's docstring);
+    None where its stage 1 is not the Gluon family's."""
+    import torch
+
+    from mla_ops.decode_verify import gluon_launch
+
+    if cfg.get("family") != "gluon":
+        return None
+    row_blocks = gluon_launch.gluon_row_blocks(case.qlen, case.H)
+    grid = row_blocks * case.B * splits
+    buf = torch.full((grid, 3), -1, dtype=torch.int64, device="cuda")
+    fn = decode.make_call(api, inp, case.qlen, splits, DEFAULT_SM_SCALE, case.page_size, overrides or None,
+                          kv_index=0)
+    with gluon_launch.cta_timeline(buf):
+        fn()
+    torch.cuda.synchronize()
+    return summarize_timeline(buf.cpu().tolist(), row_blocks, case.B, splits,
+                              bool(cfg.get("BALANCE")) and splits > 1)
+
+
+def summarize_timeline(marks: list, row_blocks: int, batch: int, splits: int, balanced: bool) -> dict:
+    """``marks[pid] = [start ns, end ns, SM]`` of every CTA -> the timeline's summary and its CTAs
+    ``[pid, request, split, SM, start µs, end µs]`` (µs from the first start). A balanced launch
+    orders its CTAs (row block, request, split), splits slowest; the others (row block, split,
+    request). The idle share counts one CTA at a time per SM, as the Gluon stage 1 runs."""
+    t0 = min(m[0] for m in marks)
+    ctas = []
+    for pid, (start, end, sm) in enumerate(marks):
+        if balanced:
+            req, split = (pid // row_blocks) % batch, pid // (row_blocks * batch)
+        else:
+            req, split = pid // (row_blocks * splits), (pid // row_blocks) % splits
+        ctas.append([pid, req, split, sm, round((start - t0) / 1e3, 3), round((end - t0) / 1e3, 3)])
+    span = max(c[5] for c in ctas)
+    sms = sorted({c[3] for c in ctas})
+    busy = sum(c[5] - c[4] for c in ctas)
+    last = sorted(ctas, key=lambda c: c[5])[-5:][::-1]
+    return {"span_us": span, "ctas_n": len(ctas), "sms": len(sms),
+            "idle_share": round(1 - busy / (len(sms) * span), 4) if span > 0 else 0.0,
+            "last": last, "ctas": ctas}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,11 +137,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.banner("decode_verify kernel times", env)
     rows = []
     for case in [SHAPES[n].case for n in args.shape] + list(args.case):
-        row = kernel_times(api, case, args.overrides, args.calls, args.spread)
+        row = kernel_times(api, case, args.overrides, args.calls, args.spread, args.timeline)
         rows.append(row)
         kernels = ", ".join(f"{n.split('(')[0][:28]} {t:.2f}" for n, t in row["kernels_us"].items())
         print(f"  {row['shape']:32s} splits {row['num_kv_splits']:3d}: {row['per_call_us']:8.2f} us per call "
               f"({kernels}; largest gap {row['max_gap_us']:.2f})", flush=True)
+        tl = row.get("timeline")
+        if tl:
+            pid, req, split, sm, start, end = tl["last"][0]
+            print(f"    timeline: {tl['ctas_n']} CTAs on {tl['sms']} SMs over {tl['span_us']:.2f} us, "
+                  f"idle {tl['idle_share']:.1%}; last: request {req} split {split} on SM {sm}, "
+                  f"{start:.2f}-{end:.2f} us", flush=True)
     cli.write_rows(args.json, rows, command=results.command_line(PROG, argv), env=env)
     return 0
 

@@ -64,6 +64,7 @@ def ptxas_facts(kernel, report: str) -> dict:
         "wgmma": "wgmma.mma_async" in ptx,
         "tma": "cp.async.bulk.tensor" in ptx,
         "launch_dependents": "griddepcontrol.launch_dependents" in ptx,
+        "timeline": ptx.count("%globaltimer"),  # the CTA timeline probe's clock reads
         "setmaxnreg": sorted({int(v) for v in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}),
     }
 

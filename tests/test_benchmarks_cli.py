@@ -1211,3 +1211,23 @@ def test_kernel_times_parses_its_cases_and_says_when_there_is_no_gpu(capsys):
     if not torch.cuda.is_available():
         assert kernel_times.main(["--shape", "M2"]) == 2
         assert capsys.readouterr().err.startswith("kernel_times.py: no CUDA/HIP GPU")
+    assert kernel_times.parse_args(["--shape", "M2", "--timeline"]).timeline
+
+
+@pytest.mark.parametrize("balanced", [False, True], ids=["plain", "balanced"])
+def test_kernel_times_timeline_names_each_cta(balanced):
+    """--timeline's summary: each CTA's request and split by the launch's order (a balanced one
+    puts its splits slowest), times in µs from the first start, the span, the SMs, their idle
+    share and the CTAs that end last."""
+    rb, batch, splits = 2, 3, 2
+    marks = [[10_000 + 1_000 * pid, 20_000 + 1_000 * pid, 100 + pid % 6] for pid in range(rb * batch * splits)]
+    tl = kernel_times.summarize_timeline(marks, rb, batch, splits, balanced)
+    ctas = tl["ctas"]
+    if balanced:  # (row block, request, split): pid 7 is row block 1 of request 0, split 1
+        assert ctas[7][:3] == [7, 0, 1] and ctas[5][:3] == [5, 2, 0]
+    else:  # (row block, split, request): pid 7 is row block 1 of request 1, split 1
+        assert ctas[7][:3] == [7, 1, 1] and ctas[5][:3] == [5, 1, 0]
+    assert ctas[0][3:] == [100, 0.0, 10.0] and ctas[11][3:] == [105, 11.0, 21.0]
+    assert tl["span_us"] == 21.0 and tl["sms"] == 6 and tl["ctas_n"] == 12
+    assert tl["idle_share"] == round(1 - 12 * 10.0 / (6 * 21.0), 4)  # one CTA at a time per SM
+    assert [c[0] for c in tl["last"]] == [11, 10, 9, 8, 7]

@@ -15,6 +15,7 @@ float64 reference is at most ``builders.K`` times the error of plain PyTorch com
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -91,6 +92,8 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
 
     from mla_ops.decode_verify import gluon_kernels as gk
 
+    timeline = schedule.endswith("-tl")  # the CTA timeline probe (gluon_launch.cta_timeline)
+    schedule = schedule.removesuffix("-tl")
     balance = schedule.endswith("-bal")  # balanced splits (the config's BALANCE 2)
     schedule = schedule.removesuffix("-bal")
     stage_out = schedule.endswith("-out")
@@ -143,6 +146,9 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
     if balance:
         assert not single, "balanced splits need a workspace (splits > 1)"
         constexprs["BALANCE"] = 2
+    if timeline:
+        sig["Timeline"] = "*i64"
+        constexprs["TIMELINE"] = True
     if schedule.startswith("seesaw-stage"):
         constexprs["STAGE_ORDER"] = True
     if schedule.endswith("-prod"):
@@ -204,6 +210,10 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, single, False, False)
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, False, False, False)
              for h, sched, fp8 in ((16, "alt-bal", False), (128, "seesaw-stage-prod-named-out-bal", False),
                                    (16, "swapab-blocks-bal", True))]
+# The CTA timeline probe (kernel_times.py --timeline) in the two kernels it was made to look at
+# (M2's swap-AB, the seesaw of M3 / M5): the same registers and spills as without it.
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, False, single, False, False)
+             for h, sched, single in ((16, "swapab-tl", False), (128, "seesaw-stage-prod-named-out-tl", True))]
 # On a triton the GPU does not run (the unpinned CI job), where spills and serialization are
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
@@ -212,7 +222,7 @@ BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", T
               ("alt-qkfirst-out", False, 128), ("seesaw-prod-out", False, 128), ("seesaw-stage-prod", False, 16),
               ("seesaw-prod", True, 128), ("swapab-blocks", True, 16),
               ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128),
-              ("alt-bal", False, 16)}
+              ("alt-bal", False, 16), ("swapab-tl", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -298,7 +308,12 @@ def test_offline_compile_sm90a(variant, offline_reports):
     assert r["wgmma"] and r["tma"], r
     # The PDL trigger is in the kernel with LAUNCH_DEPENDENTS only (the others are unchanged).
     assert r["launch_dependents"] == (schedule == "alt-pdl"), r
-    # (the spill limits below hold with STAGE_OUT and NAMED_EXCHANGE too)
+    # The timeline probe's clock reads: at the start and the end (and at a balanced CTA's early
+    # return); none without it.
+    timeline = schedule.endswith("-tl")
+    assert r["timeline"] >= 2 if timeline else r["timeline"] == 0, r
+    schedule = schedule.removesuffix("-tl")
+    # (the spill limits below hold with STAGE_OUT, NAMED_EXCHANGE and the probe too)
     balance = schedule.endswith("-bal")
     schedule = schedule.removesuffix("-bal").removesuffix("-out").removesuffix("-named")
     if _GPU_CHECKED:
@@ -366,6 +381,32 @@ def test_balance_reaches_every_schedule_with_splits(schedule, heads, qlen, split
     workspace, and not otherwise (without it each kernel is the one before the key)."""
     _, kw = _recorded_launch(qlen, heads, {"SCHEDULE": schedule}, monkeypatch, splits=splits, balance=balance)
     assert kw.get("BALANCE") == passed
+
+
+def test_cta_timeline_reaches_the_launch_only_inside(monkeypatch):
+    """``gluon_launch.cta_timeline``: the launch inside it passes the buffer and TIMELINE (each
+    kernel's probe), outside it neither (the kernel without the probe); every call inside takes
+    the full launch path (a replay would not pass the buffer), the setting restored after; a
+    buffer too short for the grid or of another kind is refused by name."""
+    from mla_ops import fastpath
+
+    monkeypatch.setenv(fastpath.ENV_OFF, "0")
+    grid = gla.gluon_row_blocks(2, 16) * 2 * 4  # _recorded_launch: 2 requests, 4 splits
+    buf = torch.full((grid, 3), -1, dtype=torch.int64)
+    with gla.cta_timeline(buf):
+        assert os.environ[fastpath.ENV_OFF] == "1" and fastpath.status() is not None
+        _, kw = _recorded_launch(2, 16, {"SCHEDULE": "swapab"}, monkeypatch, splits=4)
+        assert kw["Timeline"] is buf and kw["TIMELINE"] is True
+        with pytest.raises(ValueError, match="^cta_timeline: a buffer of 1 rows"):
+            with gla.cta_timeline(buf[:1]):
+                _recorded_launch(2, 16, {"SCHEDULE": "swapab"}, monkeypatch, splits=4)
+    assert os.environ[fastpath.ENV_OFF] == "0"
+    _, kw = _recorded_launch(2, 16, {"SCHEDULE": "swapab"}, monkeypatch, splits=4)
+    assert "Timeline" not in kw and "TIMELINE" not in kw
+    for bad in (buf.int(), buf[:, :2], buf[0]):
+        with pytest.raises(ValueError, match=r"^buffer: expected a \[grid, 3\] int64 tensor"):
+            with gla.cta_timeline(bad):
+                pass
 
 
 @pytest.mark.parametrize("qlen,heads,tree,kernel,rows", [

@@ -256,6 +256,23 @@ def _first_row(row_base, qlen, VARLEN: gl.constexpr):
 
 
 @gluon.jit
+def _cta_mark(Timeline, slot: gl.constexpr, TIMELINE: gl.constexpr):
+    """The CTA timeline probe (``TIMELINE``, off in every launch but ``benchmarks/kernel_times.py
+    --timeline``'s): ``%globaltimer`` (ns) at the CTA's start (``slot`` 0) and its end (1, also
+    where a balanced launch's CTA returns at once) into ``Timeline[pid, slot]``, and at the start
+    the SM it runs on into ``Timeline[pid, 2]`` (``[grid, 3]`` int64). The default partition's
+    threads store the same values. Without it the kernels are unchanged."""
+    if TIMELINE:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                      pack=1)
+        row = Timeline + gl.program_id(0) * 3
+        gl.store(row + slot, t)
+        if slot == 0:
+            sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
+            gl.store(row + 2, sm.to(gl.int64))
+
+
+@gluon.jit
 def _launch_dependents(LAUNCH_DEPENDENTS: gl.constexpr):
     """With LAUNCH_DEPENDENTS, ``griddepcontrol.launch_dependents`` at the CTA's start: stage 2,
     launched as this grid's programmatic dependent, may then be scheduled as soon as every CTA
@@ -596,17 +613,20 @@ def _verify_stage1_ws(
     VARLEN: gl.constexpr = False,  # qlen is then the most rows a request has
     HAS_TREE: gl.constexpr = False, BALANCE: gl.constexpr = 0,
     LAUNCH_DEPENDENTS: gl.constexpr = False,  # stage 2 follows by PDL (``_launch_dependents``)
+    Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
 ):
     """Stage 1, one CTA per (row block, request, split); see the module docstring. Launched
     with ``num_warps=4`` (the first consumer group; the other group and the producer warp are
     warp-specialized workers)."""
     _launch_dependents(LAUNCH_DEPENDENTS)
+    _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     if BALANCE:
         if not _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX,
                             cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE):
+            _cta_mark(Timeline, 1, TIMELINE)
             return
     gl.static_assert(TOK_BOX * HEAD_BOX == _BM)
     gl.static_assert(LV == 8 * _DT)
@@ -657,6 +677,7 @@ def _verify_stage1_ws(
     for st in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(kv_ready.index(st))
         mbarrier.invalidate(kv_empty.index(st))
+    _cta_mark(Timeline, 1, TIMELINE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1470,18 +1491,21 @@ def _verify_stage1_alt(
     Qo_Indptr=None, Tree_Mask=None, num_rows=None, VARLEN: gl.constexpr = False,
     HAS_TREE: gl.constexpr = False, BALANCE: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
     NAMED_EXCHANGE: gl.constexpr = False,
+    Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
 ):
     """Stage 1 with the alternating schedule (same arguments as ``_verify_stage1_ws``;
     NUM_STAGES must be 2). An fp8 cache runs the converter partition (``_converter_pair``, 4
     warps, PRODUCER_REGS registers) instead of the producer warp. NAMED_EXCHANGE: each P
     passes between the groups on a named barrier (``_consumer_alt``)."""
     _launch_dependents(LAUNCH_DEPENDENTS)
+    _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     if BALANCE:
         if not _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX,
                             cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE):
+            _cta_mark(Timeline, 1, TIMELINE)
             return
     KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
     q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
@@ -1532,6 +1556,7 @@ def _verify_stage1_alt(
         mbarrier.invalidate(p_ready.index(i))
         mbarrier.invalidate(p_free.index(i))
     _invalidate_converter_barriers(q_conv, staged, 4, KV_FP8)
+    _cta_mark(Timeline, 1, TIMELINE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1872,6 +1897,7 @@ def _verify_stage1_swapab(
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, num_rows=None, VARLEN: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
     ALT_BLOCKS: gl.constexpr = False, BALANCE: gl.constexpr = 0,
+    Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
     trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
@@ -1879,12 +1905,14 @@ def _verify_stage1_swapab(
     the groups take alternate blocks, each with all of O^T (``_consumer_swapab_blocks``), instead
     of every block's scores for half of O^T each."""
     _launch_dependents(LAUNCH_DEPENDENTS)
+    _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     if BALANCE:
         if not _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX,
                             cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE):
+            _cta_mark(Timeline, 1, TIMELINE)
             return
     KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
     gl.static_assert(ROWS == 16 or ROWS == 32)
@@ -1936,6 +1964,7 @@ def _verify_stage1_swapab(
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
     _invalidate_converter_barriers(q_conv, staged, 6, KV_FP8)
+    _cta_mark(Timeline, 1, TIMELINE)
 
 
 # fp8 caches on the swap-AB schedule. The alt converter stages each fp8 half block in the ring
@@ -2535,6 +2564,7 @@ def _verify_stage1_seesaw(
     HAS_TREE: gl.constexpr = False, BALANCE: gl.constexpr = 0, STAGE_ORDER: gl.constexpr = False, STAGE_PRODUCERS: gl.constexpr = False,
     LAUNCH_DEPENDENTS: gl.constexpr = False, STAGE_OUT: gl.constexpr = False,
     NAMED_EXCHANGE: gl.constexpr = False,
+    Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
 ):
     """Stage 1 with the seesaw schedule (same arguments as ``_verify_stage1_ws``, NUM_STAGES
     must be 2; STAGE_ORDER: see ``_consumer_seesaw``; STAGE_PRODUCERS: a filler partition per
@@ -2543,12 +2573,14 @@ def _verify_stage1_seesaw(
     warps (4, or 2 per stage; PRODUCER_REGS registers) instead of the producer warp. Shared
     memory as in ``_verify_stage1_alt``."""
     _launch_dependents(LAUNCH_DEPENDENTS)
+    _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
     TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     if BALANCE:
         if not _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX,
                             cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE):
+            _cta_mark(Timeline, 1, TIMELINE)
             return
     gl.static_assert(N_DT == 9)
     KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
@@ -2625,3 +2657,4 @@ def _verify_stage1_seesaw(
         mbarrier.invalidate(p_ready.index(i))
         mbarrier.invalidate(p_free.index(i))
     _invalidate_converter_barriers(q_conv, staged, 6, KV_FP8)
+    _cta_mark(Timeline, 1, TIMELINE)

@@ -18,11 +18,13 @@ every other pointer argument).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any
 
 import torch
 
-from ..fastpath import launch
+from ..fastpath import ENV_OFF, launch
 from ..gluon_support import descriptor, gl, load_kernels, sm90_reason
 from ..host import cache_bounds, cache_geometry, cdiv
 from ..numerics import exp2_scale
@@ -35,6 +37,7 @@ __all__ = [
     "gluon_row_blocks",
     "swapab_takes",
     "launch_verify_stage1_gluon",
+    "cta_timeline",
 ]
 
 # Config keys of the Gluon stage 1 (and their only / default values):
@@ -215,6 +218,31 @@ def _descriptors(q, k_buffer, page_size, block_n):
     return q_desc, k_desc
 
 
+_TIMELINE: list = [None]  # the buffer of an open ``cta_timeline``
+
+
+@contextlib.contextmanager
+def cta_timeline(buffer: torch.Tensor):
+    """Inside it, every Gluon stage 1 launched writes each CTA's start and end (``%globaltimer``,
+    ns) and its SM into ``buffer[pid]`` (``[grid, 3]`` int64 on the launch's device;
+    ``gluon_kernels._cta_mark``): how the CTAs of a launch were dispatched, which per-kernel
+    times cannot show (``benchmarks/kernel_times.py --timeline``). Every call inside takes the
+    full launch path (``fastpath.ENV_OFF`` set), since a replay would not pass the buffer."""
+    if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.int64 or buffer.dim() != 2 \
+            or buffer.shape[1] != 3:
+        raise ValueError("buffer: expected a [grid, 3] int64 tensor")
+    before, _TIMELINE[0] = os.environ.get(ENV_OFF), buffer
+    os.environ[ENV_OFF] = "1"
+    try:
+        yield buffer
+    finally:
+        _TIMELINE[0] = None
+        if before is None:
+            os.environ.pop(ENV_OFF, None)
+        else:
+            os.environ[ENV_OFF] = before
+
+
 def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real_lens, has_real,
                                o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size, Lv, cfg,
                                cp_world=1, cp_rank=0, cp_interleave=1, *, batch=None,
@@ -299,5 +327,17 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         **({"Tree_Mask": tree_mask, "HAS_TREE": True} if tree_mask is not None else {}),
         **({"LAUNCH_DEPENDENTS": True} if launch_dependents and not single else {}),
         **({"BALANCE": balance} if balance and not single else {}),
+        **_timeline_args(grid, q.device),
     )
+
+
+def _timeline_args(grid: tuple, device: torch.device) -> dict:
+    """The probe's arguments inside ``cta_timeline`` (none outside: the kernel without it)."""
+    buffer = _TIMELINE[0]
+    if buffer is None:
+        return {}
+    if buffer.shape[0] < grid[0] or buffer.device != device:
+        raise ValueError(f"cta_timeline: a buffer of {buffer.shape[0]} rows on {buffer.device} for a "
+                         f"launch of {grid[0]} CTAs on {device}")
+    return {"Timeline": buffer, "TIMELINE": True}
 
