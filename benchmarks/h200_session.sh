@@ -31,7 +31,8 @@
 #                                           # against the table at the launches of one dispatch
 #                                           # round, lengths spread and equal (ab_balance_*.json),
 #                                           # per-kernel times and CTA timelines at spread
-#                                           # lengths (kt_*_spread.json)
+#                                           # lengths (kt_*_spread.json) and the table's at equal
+#                                           # lengths, M2 M3 M5 and H16 B32 L 512 / 1k (kt_*_equal.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -158,12 +159,14 @@ balance() {
       128,2,16,32768 $([ $lens = spread ] && echo --spread) --variant '{}' '{"BALANCE": 2}' --rounds 3 \
       --json "$OUT/ab_balance_$lens.json" 2>&1 | tail -30
   done
-  kt() {  # $1 name, $2 variant
-    timeout 60 python3 benchmarks/kernel_times.py --shape M2 M3 --case 16,2,16,32768 --spread --calls 10 \
-      --timeline --variant "$2" --json "$OUT/kt_$1_spread.json" 2>&1 | tail -7
+  kt() {  # $1 name, $2 variant, $3 spread|equal, $4.. shapes
+    local name=$1 variant=$2 lens=$3; shift 3
+    timeout 75 python3 benchmarks/kernel_times.py --shape "$@" $([ $lens = spread ] && echo --spread) \
+      --calls 10 --timeline --variant "$variant" --json "$OUT/kt_${name}_$lens.json" 2>&1 | tail -9
   }
-  kt table '{}'
-  kt balance '{"BALANCE": 2}'
+  kt table '{}' spread M2 M3 --case 16,2,16,32768
+  kt balance '{"BALANCE": 2}' spread M2 M3 --case 16,2,16,32768
+  kt table '{}' equal M2 M3 M5 --case 16,2,32,512 16,2,32,1024
 }
 
 abtree() {
