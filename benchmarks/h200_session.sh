@@ -29,7 +29,8 @@
 #                                           # at M5 and M3 (ncu_M5_table*, ncu_M3_table*)
 #   bash benchmarks/h200_session.sh balance # balanced splits (BALANCE 2): their GPU tests, the A/B
 #                                           # against the table at the launches of one dispatch
-#                                           # round, lengths spread and equal (ab_balance_*.json),
+#                                           # round, lengths spread and equal (ab_balance_*.json;
+#                                           # with AB_BASE's tree too when carried: *_base_*),
 #                                           # per-kernel times and CTA timelines at spread
 #                                           # lengths (kt_*_spread.json) and the table's at equal
 #                                           # lengths, M2 M3 M5 and H16 B32 L 512 / 1k (kt_*_equal.json)
@@ -151,22 +152,27 @@ bf16bound() {  # the table's bf16 Gluon stage 1 where FlashMLA leads most: H128 
   stage1_ncu M3_table M3 bf16 '{}'
 }
 
-balance() {
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" tests/test_decode_verify.py \
-    tests/test_gluon_verify.py -k "balance or balanced" 2>&1 | tee "$OUT/gpu_tests_balance.txt" | tail -4
-  for lens in spread equal; do
+balance() {  # the A/Bs first (each checks its variants against the reference before timing)
+  ab() {  # $1 spread|equal, $2 file tag; PYTHONPATH may put another tree's mla_ops first
     timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 M3 M4 M7 --case 16,2,16,32768 \
-      128,2,16,32768 $([ $lens = spread ] && echo --spread) --variant '{}' '{"BALANCE": 2}' --rounds 3 \
-      --json "$OUT/ab_balance_$lens.json" 2>&1 | tail -30
-  done
+      128,2,16,32768 $([ $1 = spread ] && echo --spread) --variant '{}' '{"BALANCE": 2}' --rounds 3 \
+      --json "$OUT/ab_balance_$2.json" 2>&1 | tail -30
+  }
   kt() {  # $1 name, $2 variant, $3 spread|equal, $4.. shapes
     local name=$1 variant=$2 lens=$3; shift 3
     timeout 75 python3 benchmarks/kernel_times.py --shape "$@" $([ $lens = spread ] && echo --spread) \
       --calls 10 --timeline --variant "$variant" --json "$OUT/kt_${name}_$lens.json" 2>&1 | tail -9
   }
-  kt table '{}' spread M2 M3 --case 16,2,16,32768
+  ab spread spread
   kt balance '{"BALANCE": 2}' spread M2 M3 --case 16,2,16,32768
+  kt table '{}' spread M2 M3 --case 16,2,16,32768
+  if [ -f "${AB_BASE:-.ab_base}/mla_ops/__init__.py" ]; then  # the same A/B on another tree's kernels
+    PYTHONPATH="${AB_BASE:-.ab_base}:$PYTHONPATH" ab spread base_spread
+  fi
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" tests/test_decode_verify.py \
+    tests/test_gluon_verify.py -k "balance or balanced" 2>&1 | tee "$OUT/gpu_tests_balance.txt" | tail -4
   kt table '{}' equal M2 M3 M5 --case 16,2,32,512 16,2,32,1024
+  ab equal equal
 }
 
 abtree() {

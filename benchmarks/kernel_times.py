@@ -90,6 +90,7 @@ def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overr
     import torch
 
     from mla_ops.decode_verify import gluon_launch
+    from mla_ops.decode_verify.splits import balanced_piece_order
 
     if cfg.get("family") != "gluon":
         return None
@@ -101,20 +102,26 @@ def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overr
     with gluon_launch.cta_timeline(buf):
         fn()
     torch.cuda.synchronize()
-    return summarize_timeline(buf.cpu().tolist(), row_blocks, case.B, splits,
-                              bool(cfg.get("BALANCE")) and splits > 1)
+    pieces = None
+    if cfg.get("BALANCE") and splits > 1:
+        keys = inp.seq_lens.clamp(min=0).tolist()
+        pieces = balanced_piece_order(keys, splits, cfg["BALANCE"])
+    return summarize_timeline(buf.cpu().tolist(), row_blocks, case.B, splits, pieces)
 
 
-def summarize_timeline(marks: list, row_blocks: int, batch: int, splits: int, balanced: bool) -> dict:
+def summarize_timeline(marks: list, row_blocks: int, batch: int, splits: int,
+                       pieces: list | None = None) -> dict:
     """``marks[pid] = [start ns, end ns, SM]`` of every CTA -> the timeline's summary and its CTAs
-    ``[pid, request, split, SM, start µs, end µs]`` (µs from the first start). A balanced launch
-    orders its CTAs (row block, request, split), splits slowest; the others (row block, split,
-    request). The idle share counts one CTA at a time per SM, as the Gluon stage 1 runs."""
+    ``[pid, request, split, SM, start µs, end µs]`` (µs from the first start). A launch orders its
+    CTAs (row block, request, split); a balanced one (``pieces``, its ``(request, slot)`` order:
+    ``splits.balanced_piece_order``) (row block, piece), request -1 past the pieces. The idle
+    share counts one CTA at a time per SM, as the Gluon stage 1 runs."""
     t0 = min(m[0] for m in marks)
     ctas = []
     for pid, (start, end, sm) in enumerate(marks):
-        if balanced:
-            req, split = (pid // row_blocks) % batch, pid // (row_blocks * batch)
+        if pieces is not None:
+            piece = pid // row_blocks
+            req, split = pieces[piece] if piece < len(pieces) else (-1, -1)
         else:
             req, split = pid // (row_blocks * splits), (pid // row_blocks) % splits
         ctas.append([pid, req, split, sm, round((start - t0) / 1e3, 3), round((end - t0) / 1e3, 3)])

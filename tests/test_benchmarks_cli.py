@@ -1217,14 +1217,19 @@ def test_kernel_times_parses_its_cases_and_says_when_there_is_no_gpu(capsys):
 @pytest.mark.parametrize("balanced", [False, True], ids=["plain", "balanced"])
 def test_kernel_times_timeline_names_each_cta(balanced):
     """--timeline's summary: each CTA's request and split by the launch's order (a balanced one
-    puts its splits slowest), times in µs from the first start, the span, the SMs, their idle
-    share and the CTAs that end last."""
+    takes the batch's pieces request by request, ``splits.balanced_piece_order``, request -1
+    past them), times in µs from the first start, the span, the SMs, their idle share and the
+    CTAs that end last."""
+    from mla_ops.decode_verify.splits import balanced_piece_order
+
     rb, batch, splits = 2, 3, 2
     marks = [[10_000 + 1_000 * pid, 20_000 + 1_000 * pid, 100 + pid % 6] for pid in range(rb * batch * splits)]
-    tl = kernel_times.summarize_timeline(marks, rb, batch, splits, balanced)
+    pieces = balanced_piece_order([10, 500, 90], splits, 2) if balanced else None
+    tl = kernel_times.summarize_timeline(marks, rb, batch, splits, pieces)
     ctas = tl["ctas"]
-    if balanced:  # (row block, request, split): pid 7 is row block 1 of request 0, split 1
-        assert ctas[7][:3] == [7, 0, 1] and ctas[5][:3] == [5, 2, 0]
+    if balanced:  # pieces: request 0 one, request 1 two, request 2 one; slots 4 and 5 empty
+        assert pieces == [(0, 0), (1, 0), (1, 1), (2, 0)]
+        assert ctas[5][:3] == [5, 1, 1] and ctas[7][:3] == [7, 2, 0] and ctas[9][:3] == [9, -1, -1]
     else:  # (row block, split, request): pid 7 is row block 1 of request 1, split 1
         assert ctas[7][:3] == [7, 1, 1] and ctas[5][:3] == [5, 1, 0]
     assert ctas[0][3:] == [100, 0.0, 10.0] and ctas[11][3:] == [105, 11.0, 21.0]

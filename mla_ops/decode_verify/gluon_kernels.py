@@ -147,11 +147,12 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     # share its KV tiles through L2.
     pid_rb = pid % row_blocks
     if BALANCE:
-        # Requests next, splits slowest: every request's first piece is dispatched before any
-        # second one. A CTA past its request's pieces has returned (``_holds_piece``).
+        # The batch's pieces request by request (``_balanced_piece``); a CTA past them has
+        # returned (``_holds_piece``).
         batch = gl.num_programs(0) // (row_blocks * num_kv_splits)
-        pid_b = (pid // row_blocks) % batch
-        pid_s = pid // (row_blocks * batch)
+        req, pid_s, k_req = _balanced_piece(Seq_Lens, Real_Lens, pid // row_blocks, batch, num_kv_splits,
+                                            kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE)
+        pid_b = gl.maximum(req, 0)
     else:
         pid_bs = pid // row_blocks
         pid_s = pid_bs % num_kv_splits
@@ -191,10 +192,7 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     req_lim = _local(_row_limit(qlen_b - 1, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
     # Split s covers [s * chunk, min((s + 1) * chunk, L)), as in the portable kernel. BALANCE:
     # the request is cut into k_req pieces by its share of the batch's keys.
-    if BALANCE:
-        total = _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE)
-        k_req = balanced_splits(gl.minimum(req_lim, kv_capacity), total, batch, num_kv_splits, BALANCE)
-    else:
+    if not BALANCE:
         k_req = num_kv_splits
     chunk = split_chunk(local_len, k_req, SPLIT_ALIGN, MIN_SPLIT_LEN)
     split_start = pid_s * chunk
@@ -207,42 +205,68 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
 
 
 @gluon.jit
-def _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD: gl.constexpr,
-                CP_INTERLEAVE: gl.constexpr):
-    """The keys a balanced launch shares out (``splits.balanced_splits``): each request's
-    ``min(local(max(min(L, L_real), 0)), kv_capacity)``, summed over the batch (int32: a batch
-    holds far fewer than 2^31 keys). One request per lane, every warp of the calling partition
-    holding all 32 (the sum stays in a warp; few registers, which the producer warp has)."""
-    KEYS_L: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    W: gl.constexpr = 32
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _balance_keys(Seq_Lens, Real_Lens, offs, batch, kv_capacity, cp_rank, CP_WORLD: gl.constexpr,
+                  CP_INTERLEAVE: gl.constexpr):
+    """The keys requests ``offs`` bring to a balanced launch (``splits.balanced_splits``):
+    ``min(local(max(min(L, L_real), 0)), kv_capacity)``, 0 past the batch."""
+    m = offs < batch
+    n = gl.maximum(gl.minimum(gl.load(Seq_Lens + offs, mask=m, other=0),
+                              gl.load(Real_Lens + offs, mask=m, other=0)), 0)
+    return gl.minimum(_local(n, cp_rank, CP_WORLD, CP_INTERLEAVE), kv_capacity)
+
+
+@gluon.jit
+def _balanced_piece(Seq_Lens, Real_Lens, piece, batch, num_kv_splits, kv_capacity, cp_rank,
+                    CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, BALANCE: gl.constexpr):
+    """``(request, slot, k)`` of a balanced launch's piece ``piece`` (``splits.py``; the
+    portable kernel's ``_balanced_piece``): the batch's pieces numbered request by request, so
+    that they take the grid's first CTAs and the CTAs past them return at once (request -1).
+    Two passes over the lengths, 4 requests a lane (one 16-byte load each) and every warp of the
+    calling partition holding all 128 of a step, so the sums stay in a warp: a batch of up to 128
+    costs two load round trips. (int32 sums: a batch holds far fewer than 2^31 keys.)"""
+    KEYS_L: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    W: gl.constexpr = 128
     total = batch * 0
     for b0 in range(0, batch, W):
         offs = b0 + gl.arange(0, W, layout=KEYS_L)
-        m = offs < batch
-        n = gl.maximum(gl.minimum(gl.load(Seq_Lens + offs, mask=m, other=0),
-                                  gl.load(Real_Lens + offs, mask=m, other=0)), 0)
-        total += gl.sum(gl.minimum(_local(n, cp_rank, CP_WORLD, CP_INTERLEAVE), kv_capacity), axis=0)
-    return total
+        total += gl.sum(_balance_keys(Seq_Lens, Real_Lens, offs, batch, kv_capacity, cp_rank, CP_WORLD,
+                                      CP_INTERLEAVE), axis=0)
+    req = batch * 0 - 1
+    slot = batch * 0
+    k_req = batch * 0 + 1
+    base = batch * 0
+    for b0 in range(0, batch, W):
+        offs = b0 + gl.arange(0, W, layout=KEYS_L)
+        n = _balance_keys(Seq_Lens, Real_Lens, offs, batch, kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        k = gl.where(offs < batch, balanced_splits(n, total, batch, num_kv_splits, BALANCE), 0)
+        end = base + gl.associative_scan(k, 0, _add)  # past request r's last piece
+        hit = (end - k <= piece) & (piece < end)
+        req = gl.maximum(req, gl.max(gl.where(hit, offs, -1), axis=0))
+        slot = gl.maximum(slot, gl.max(gl.where(hit, piece - (end - k), 0), axis=0))
+        k_req = gl.maximum(k_req, gl.max(gl.where(hit, k, 0), axis=0))
+        base += gl.sum(k, axis=0)
+    return req, slot, k_req
 
 
 @gluon.jit
 def _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX: gl.constexpr,
                  HEAD_BOX: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr,
                  BALANCE: gl.constexpr):
-    """Whether this CTA of a balanced launch holds one of its request's pieces (``_work``'s
-    mapping; slot ``pid_s`` below the request's ``balanced_splits``). The kernels return at
-    once where not, before their barriers and partitions: such a CTA has nothing to write (the
-    request's pieces fill its unused slots, ``_store_out``)."""
+    """Whether this CTA of a balanced launch holds one of the batch's pieces (``_work``'s
+    mapping, ``_balanced_piece``). The kernels return at once where not, before their barriers
+    and partitions: such a CTA has nothing to write (each request's last piece fills its unused
+    slots, ``_store_out``)."""
     rb_per_tok = num_heads // HEAD_BOX
     row_blocks = (qlen + TOK_BOX - 1) // TOK_BOX * rb_per_tok
     batch = gl.num_programs(0) // (row_blocks * num_kv_splits)
-    pid = gl.program_id(0)
-    pid_b = (pid // row_blocks) % batch
-    pid_s = pid // (row_blocks * batch)
-    n = gl.maximum(gl.minimum(gl.load(Seq_Lens + pid_b), gl.load(Real_Lens + pid_b)), 0)
-    n = gl.minimum(_local(n, cp_rank, CP_WORLD, CP_INTERLEAVE), kv_capacity)
-    total = _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE)
-    return pid_s < balanced_splits(n, total, batch, num_kv_splits, BALANCE)
+    req, _, _ = _balanced_piece(Seq_Lens, Real_Lens, gl.program_id(0) // row_blocks, batch, num_kv_splits,
+                                kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE)
+    return req >= 0
 
 
 @gluon.jit

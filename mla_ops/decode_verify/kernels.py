@@ -82,20 +82,46 @@ def _cp_local_len(n, cp_rank, CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexp
 
 
 @triton.jit
-def _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD: tl.constexpr,
-                CP_INTERLEAVE: tl.constexpr):
-    """The keys a balanced launch shares out (``splits.balanced_splits``): each request's
-    ``min(local(max(min(L, L_real), 0)), kv_capacity)``, summed (int64) over the batch."""
+def _balance_keys(Seq_Lens, Real_Lens, offs, batch, kv_capacity, cp_rank, CP_WORLD: tl.constexpr,
+                  CP_INTERLEAVE: tl.constexpr):
+    """The keys requests ``offs`` bring to a balanced launch (``splits.balanced_splits``):
+    ``min(local(max(min(L, L_real), 0)), kv_capacity)``, 0 past the batch."""
+    m = offs < batch
+    n = tl.maximum(tl.minimum(tl.load(Seq_Lens + offs, mask=m, other=0),
+                              tl.load(Real_Lens + offs, mask=m, other=0)), 0)
+    if CP_WORLD > 1:
+        n = _cp_local_len(n, cp_rank, CP_WORLD, CP_INTERLEAVE)
+    return tl.minimum(n, kv_capacity)
+
+
+@triton.jit
+def _balanced_piece(Seq_Lens, Real_Lens, piece, batch, num_kv_splits, kv_capacity, cp_rank,
+                    CP_WORLD: tl.constexpr, CP_INTERLEAVE: tl.constexpr, BALANCE: tl.constexpr):
+    """``(request, slot, k)`` of a balanced launch's piece ``piece`` (``splits.py``): the
+    batch's pieces are numbered request by request (request r's ``k_r`` after the earlier
+    ones'), so they fill the grid's first slots and its CTAs past them have nothing to do:
+    request -1 there. Two passes over the lengths, 128 requests a step: their sum, then each
+    request's pieces and where they start."""
     total = (batch * 0).to(tl.int64)
     for b0 in range(0, batch, 128):
         offs = b0 + tl.arange(0, 128)
-        m = offs < batch
-        n = tl.maximum(tl.minimum(tl.load(Seq_Lens + offs, mask=m, other=0),
-                                  tl.load(Real_Lens + offs, mask=m, other=0)), 0)
-        if CP_WORLD > 1:
-            n = _cp_local_len(n, cp_rank, CP_WORLD, CP_INTERLEAVE)
-        total += tl.sum(tl.minimum(n, kv_capacity).to(tl.int64), axis=0)
-    return total
+        total += tl.sum(_balance_keys(Seq_Lens, Real_Lens, offs, batch, kv_capacity, cp_rank, CP_WORLD,
+                                      CP_INTERLEAVE).to(tl.int64), axis=0)
+    req = batch * 0 - 1
+    slot = batch * 0
+    k_req = batch * 0 + 1
+    base = batch * 0
+    for b0 in range(0, batch, 128):
+        offs = b0 + tl.arange(0, 128)
+        n = _balance_keys(Seq_Lens, Real_Lens, offs, batch, kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE)
+        k = tl.where(offs < batch, balanced_splits(n, total, batch, num_kv_splits, BALANCE), 0)
+        end = base + tl.cumsum(k, axis=0)  # past request r's last piece
+        hit = (end - k <= piece) & (piece < end)
+        req = tl.maximum(req, tl.max(tl.where(hit, offs, -1), axis=0))
+        slot = tl.maximum(slot, tl.max(tl.where(hit, piece - (end - k), 0), axis=0))
+        k_req = tl.maximum(k_req, tl.max(tl.where(hit, k, 0), axis=0))
+        base += tl.sum(k, axis=0)
+    return req, slot, k_req
 
 
 @triton.jit
@@ -351,9 +377,12 @@ def _stage1_program(
     # share its KV tiles through L2.
     pid_rb = pid % ROW_BLOCKS
     if BALANCE:
-        # Requests next, splits slowest (``splits.py``: balanced splits).
-        pid_b = (pid // ROW_BLOCKS) % batch
-        pid_s = pid // (ROW_BLOCKS * batch)
+        # The batch's pieces request by request (``_balanced_piece``). A program past them
+        # takes the last request at slot num_kv_splits, past its pieces: no keys, no stores.
+        req, pid_s, k_req = _balanced_piece(Seq_Lens, Real_Lens, pid // ROW_BLOCKS, batch, num_kv_splits,
+                                            kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE)
+        pid_b = tl.where(req < 0, batch - 1, req)
+        pid_s = tl.where(req < 0, num_kv_splits, pid_s)
     else:
         pid_bs = pid // ROW_BLOCKS
         pid_s = pid_bs % num_kv_splits
@@ -408,10 +437,7 @@ def _stage1_program(
 
     # Split s of request b covers [s * chunk, min((s + 1) * chunk, L)); BALANCE: of its k_req
     # pieces, by its share of the batch's keys.
-    if BALANCE:
-        total = _batch_keys(Seq_Lens, Real_Lens, batch, kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE)
-        k_req = balanced_splits(tl.minimum(req_lim, kv_capacity), total, batch, num_kv_splits, BALANCE)
-    else:
+    if not BALANCE:
         k_req = num_kv_splits
     chunk = split_chunk(seq_len, k_req, SPLIT_ALIGN, MIN_SPLIT_LEN)
     split_start = pid_s * chunk

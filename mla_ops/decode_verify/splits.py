@@ -15,8 +15,9 @@ batch's keys: ``k_r = round(cap // b * B * n_r / sum(n))`` within ``[1, cap]``, 
 ``split_chunk(L, k_r)``. Equal lengths give every request ``cap // b`` pieces, what the
 launch without the key runs; with unequal ones a long request takes up to b times more pieces
 and a short one fewer, so no CTA holds much more than the mean (the longest request no longer
-sets the launch's time). The grid keeps the cap (static), its splits slowest: the slots a request
-leaves unused come last and cost a few microseconds. A request of one piece is written straight
+sets the launch's time). The grid keeps the cap (static); its programs take the batch's pieces
+request by request (:func:`balanced_piece_order`), so the sum(k) pieces start first and the
+programs past them, which return at once, come last. A request of one piece is written straight
 to o (no partial), and stage 2 leaves it alone (slot 1's lse is +inf); unused slots get lse -inf.
 """
 
@@ -28,7 +29,7 @@ import triton.language as tl
 from .. import platform
 from ..host import cdiv
 
-__all__ = ["balanced_splits", "split_chunk", "verify_num_kv_splits", "verify_row_blocks"]
+__all__ = ["balanced_piece_order", "balanced_splits", "split_chunk", "verify_num_kv_splits", "verify_row_blocks"]
 
 
 @triton.jit
@@ -48,6 +49,18 @@ def balanced_splits(n_keys, total_keys, batch, num_kv_splits, BALANCE: tl.conste
     share = tl.maximum(num_kv_splits // BALANCE, 1).to(tl.int64) * batch * n_keys
     k = (2 * share + total_keys) // (2 * tl.maximum(total_keys, 1))
     return tl.minimum(tl.maximum(k, 1), num_kv_splits).to(tl.int32)
+
+
+def balanced_piece_order(keys: list[int], num_kv_splits: int, balance: int) -> list[tuple[int, int]]:
+    """``(request, slot)`` of each piece of a balanced launch, in the order its programs take
+    them (the kernels' ``_balanced_piece`` on the host): ``keys`` each request's keys
+    (``min(L, L_real)``, clamped to the block table), request by request, ``k_r`` slots each."""
+    total, batch, target = sum(keys), len(keys), max(num_kv_splits // balance, 1)
+    order = []
+    for r, n in enumerate(keys):
+        k = min(max((2 * target * batch * n + total) // (2 * max(total, 1)), 1), num_kv_splits)
+        order += [(r, s) for s in range(k)]
+    return order
 
 
 def verify_row_blocks(qlen: int, num_heads: int, block_h: int) -> int:
