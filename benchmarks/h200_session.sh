@@ -34,6 +34,9 @@
 #                                           # per-kernel times and CTA timelines at spread
 #                                           # lengths (kt_*_spread.json) and the table's at equal
 #                                           # lengths, M2 M3 M5 and H16 B32 L 512 / 1k (kt_*_equal.json)
+#   bash benchmarks/h200_session.sh timeline # CTA timelines with each CTA's phases (Q landed, loop
+#                                           # done, output stored): the table at equal lengths and
+#                                           # both at spread lengths, M2 M3 (kt_*.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -152,16 +155,23 @@ bf16bound() {  # the table's bf16 Gluon stage 1 where FlashMLA leads most: H128 
   stage1_ncu M3_table M3 bf16 '{}'
 }
 
+kt() {  # CTA timelines: $1 name, $2 variant, $3 spread|equal, $4.. shapes (kt_<name>_<lens>.json)
+  local name=$1 variant=$2 lens=$3; shift 3
+  timeout 75 python3 benchmarks/kernel_times.py --shape "$@" $([ $lens = spread ] && echo --spread) \
+    --calls 10 --timeline --variant "$variant" --json "$OUT/kt_${name}_$lens.json" 2>&1 | grep -v Warn
+}
+
+timeline() {  # where a CTA's time goes: the table's and BALANCE's timelines with phases
+  kt table '{}' equal M2 M3 --case 16,2,32,512 16,2,32,1024
+  kt table '{}' spread M2 M3
+  kt balance '{"BALANCE": 2}' spread M2 M3
+}
+
 balance() {  # the A/Bs first (each checks its variants against the reference before timing)
   ab() {  # $1 spread|equal, $2 file tag; PYTHONPATH may put another tree's mla_ops first
     timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 M3 M4 M7 --case 16,2,16,32768 \
       128,2,16,32768 $([ $1 = spread ] && echo --spread) --variant '{}' '{"BALANCE": 2}' --rounds 3 \
       --json "$OUT/ab_balance_$2.json" 2>&1 | tail -30
-  }
-  kt() {  # $1 name, $2 variant, $3 spread|equal, $4.. shapes
-    local name=$1 variant=$2 lens=$3; shift 3
-    timeout 75 python3 benchmarks/kernel_times.py --shape "$@" $([ $lens = spread ] && echo --spread) \
-      --calls 10 --timeline --variant "$variant" --json "$OUT/kt_${name}_$lens.json" 2>&1 | tail -9
   }
   ab spread spread
   kt balance '{"BALANCE": 2}' spread M2 M3 --case 16,2,16,32768
@@ -193,9 +203,10 @@ e2e) e2e ;;
 flashmla) flashmla ;;
 abtree) abtree ;;
 balance) balance ;;
+timeline) timeline ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac

@@ -9,10 +9,13 @@ which ``ab_decode_verify.py`` (the whole launch) cannot.
         --variant '{"STAGE_OUT": 1}' --json kernel_times.json
 
 ``--timeline`` adds, for a launch whose stage 1 is the Gluon family's, one more eager call with
-the CTA timeline probe on (``gluon_launch.cta_timeline``): each CTA's request, split, SM, start
+the CTA timeline probe on (``gluon_launch.cta_timeline``; the call after the one that compiles
+it): each CTA's request, split, SM, start
 and end in µs from the launch's first start (``timeline.ctas``), the launch's span, the SMs it
 used and their share of idle time, and the CTAs that end last: how the CTAs were dispatched,
-where the per-kernel times say only how long the launch took.
+where the per-kernel times say only how long the launch took. The swap-AB and seesaw schedules
+also mark when a CTA's Q tile landed, its block loop ended and its output was stored
+(``timeline.phases_us``: the median CTA's time in each).
 
 GPU only (the profiler times CUDA kernels): on a machine without one it says so and exits 2.
 """
@@ -96,11 +99,12 @@ def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overr
         return None
     row_blocks = gluon_launch.gluon_row_blocks(case.qlen, case.H)
     grid = row_blocks * case.B * splits
-    buf = torch.full((grid, 3), -1, dtype=torch.int64, device="cuda")
+    buf = torch.full((grid, 6), -1, dtype=torch.int64, device="cuda")
     fn = decode.make_call(api, inp, case.qlen, splits, DEFAULT_SM_SCALE, case.page_size, overrides or None,
                           kv_index=0)
     with gluon_launch.cta_timeline(buf):
-        fn()
+        fn()  # compiles the kernel with the probe; the GPU idles meanwhile
+        fn()  # the call the timeline shows
     torch.cuda.synchronize()
     pieces = None
     if cfg.get("BALANCE") and splits > 1:
@@ -111,27 +115,43 @@ def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overr
 
 def summarize_timeline(marks: list, row_blocks: int, batch: int, splits: int,
                        pieces: list | None = None) -> dict:
-    """``marks[pid] = [start ns, end ns, SM]`` of every CTA -> the timeline's summary and its CTAs
-    ``[pid, request, split, SM, start µs, end µs]`` (µs from the first start). A launch orders its
-    CTAs (row block, request, split); a balanced one (``pieces``, its ``(request, slot)`` order:
+    """``marks[pid] = [start, end, SM, Q landed, loop done, output stored]`` (ns; the last three
+    -1 where the schedule does not mark them, ``gluon_kernels._cta_mark``) of every CTA -> the
+    timeline's summary and its CTAs ``[pid, request, split, SM, start, end, Q, loop, stored]``
+    (µs from the first start; None where not marked). A launch orders its CTAs (row block,
+    request, split); a balanced one (``pieces``, its ``(request, slot)`` order:
     ``splits.balanced_piece_order``) (row block, piece), request -1 past the pieces. The idle
-    share counts one CTA at a time per SM, as the Gluon stage 1 runs."""
+    share counts one CTA at a time per SM, as the Gluon stage 1 runs. ``phases_us``: the
+    median over the marked CTAs of start -> Q, Q -> loop done, loop -> stored, stored -> end."""
     t0 = min(m[0] for m in marks)
+
+    def us(t):
+        return round((t - t0) / 1e3, 3) if t >= 0 else None
+
     ctas = []
-    for pid, (start, end, sm) in enumerate(marks):
+    for pid, m in enumerate(marks):
+        start, end, sm = m[:3]
         if pieces is not None:
             piece = pid // row_blocks
             req, split = pieces[piece] if piece < len(pieces) else (-1, -1)
         else:
             req, split = pid // (row_blocks * splits), (pid // row_blocks) % splits
-        ctas.append([pid, req, split, sm, round((start - t0) / 1e3, 3), round((end - t0) / 1e3, 3)])
+        ctas.append([pid, req, split, sm, us(start), us(end)] + [us(t) for t in (list(m[3:6]) + [-1] * 3)[:3]])
     span = max(c[5] for c in ctas)
     sms = sorted({c[3] for c in ctas})
     busy = sum(c[5] - c[4] for c in ctas)
     last = sorted(ctas, key=lambda c: c[5])[-5:][::-1]
+    marked = [c for c in ctas if None not in c[6:9]]
+    phases = None
+    if marked:
+        def median(xs):
+            xs = sorted(xs)
+            return round(xs[len(xs) // 2], 3)
+        phases = {"to_q": median(c[6] - c[4] for c in marked), "loop": median(c[7] - c[6] for c in marked),
+                  "store": median(c[8] - c[7] for c in marked), "to_end": median(c[5] - c[8] for c in marked)}
     return {"span_us": span, "ctas_n": len(ctas), "sms": len(sms),
             "idle_share": round(1 - busy / (len(sms) * span), 4) if span > 0 else 0.0,
-            "last": last, "ctas": ctas}
+            "phases_us": phases, "last": last, "ctas": ctas}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -151,10 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"({kernels}; largest gap {row['max_gap_us']:.2f})", flush=True)
         tl = row.get("timeline")
         if tl:
-            pid, req, split, sm, start, end = tl["last"][0]
+            pid, req, split, sm, start, end = tl["last"][0][:6]
             print(f"    timeline: {tl['ctas_n']} CTAs on {tl['sms']} SMs over {tl['span_us']:.2f} us, "
                   f"idle {tl['idle_share']:.1%}; last: request {req} split {split} on SM {sm}, "
                   f"{start:.2f}-{end:.2f} us", flush=True)
+            if tl["phases_us"]:
+                print("    median CTA: " + ", ".join(f"{k} {v:.2f}" for k, v in tl["phases_us"].items()) + " us",
+                      flush=True)
     cli.write_rows(args.json, rows, command=results.command_line(PROG, argv), env=env)
     return 0
 

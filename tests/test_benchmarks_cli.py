@@ -1232,7 +1232,13 @@ def test_kernel_times_timeline_names_each_cta(balanced):
         assert ctas[5][:3] == [5, 1, 1] and ctas[7][:3] == [7, 2, 0] and ctas[9][:3] == [9, -1, -1]
     else:  # (row block, split, request): pid 7 is row block 1 of request 1, split 1
         assert ctas[7][:3] == [7, 1, 1] and ctas[5][:3] == [5, 1, 0]
-    assert ctas[0][3:] == [100, 0.0, 10.0] and ctas[11][3:] == [105, 11.0, 21.0]
+    assert ctas[0][3:6] == [100, 0.0, 10.0] and ctas[11][3:6] == [105, 11.0, 21.0]
+    assert ctas[0][6:] == [None] * 3 and tl["phases_us"] is None  # no schedule marks: no phases
+    # the swap-AB / seesaw marks (Q landed, loop done, output stored): per CTA and the median
+    marks = [m + [m[0] + 2_000, m[0] + 2_000 + 500 * pid, m[1] - 1_000] for pid, m in enumerate(marks)]
+    tl = kernel_times.summarize_timeline(marks, rb, batch, splits, pieces)
+    assert tl["ctas"][3][6:] == [5.0, 6.5, 12.0]
+    assert tl["phases_us"] == {"to_q": 2.0, "loop": 3.0, "store": 4.5, "to_end": 1.0}  # upper medians
     assert tl["span_us"] == 21.0 and tl["sms"] == 6 and tl["ctas_n"] == 12
     assert tl["idle_share"] == round(1 - 12 * 10.0 / (6 * 21.0), 4)  # one CTA at a time per SM
     assert [c[0] for c in tl["last"]] == [11, 10, 9, 8, 7]

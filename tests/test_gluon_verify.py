@@ -392,7 +392,7 @@ def test_cta_timeline_reaches_the_launch_only_inside(monkeypatch):
 
     monkeypatch.setenv(fastpath.ENV_OFF, "0")
     grid = gla.gluon_row_blocks(2, 16) * 2 * 4  # _recorded_launch: 2 requests, 4 splits
-    buf = torch.full((grid, 3), -1, dtype=torch.int64)
+    buf = torch.full((grid, 6), -1, dtype=torch.int64)
     with gla.cta_timeline(buf):
         assert os.environ[fastpath.ENV_OFF] == "1" and fastpath.status() is not None
         _, kw = _recorded_launch(2, 16, {"SCHEDULE": "swapab"}, monkeypatch, splits=4)
@@ -403,8 +403,8 @@ def test_cta_timeline_reaches_the_launch_only_inside(monkeypatch):
     assert os.environ[fastpath.ENV_OFF] == "0"
     _, kw = _recorded_launch(2, 16, {"SCHEDULE": "swapab"}, monkeypatch, splits=4)
     assert "Timeline" not in kw and "TIMELINE" not in kw
-    for bad in (buf.int(), buf[:, :2], buf[0]):
-        with pytest.raises(ValueError, match=r"^buffer: expected a \[grid, 3\] int64 tensor"):
+    for bad in (buf.int(), buf[:, :3], buf[0]):
+        with pytest.raises(ValueError, match=r"^buffer: expected a \[grid, 6\] int64 tensor"):
             with gla.cta_timeline(bad):
                 pass
 

@@ -282,14 +282,16 @@ def _first_row(row_base, qlen, VARLEN: gl.constexpr):
 @gluon.jit
 def _cta_mark(Timeline, slot: gl.constexpr, TIMELINE: gl.constexpr):
     """The CTA timeline probe (``TIMELINE``, off in every launch but ``benchmarks/kernel_times.py
-    --timeline``'s): ``%globaltimer`` (ns) at the CTA's start (``slot`` 0) and its end (1, also
-    where a balanced launch's CTA returns at once) into ``Timeline[pid, slot]``, and at the start
-    the SM it runs on into ``Timeline[pid, 2]`` (``[grid, 3]`` int64). The default partition's
-    threads store the same values. Without it the kernels are unchanged."""
+    --timeline``'s): ``%globaltimer`` (ns) into ``Timeline[pid, slot]`` (``[grid, 6]`` int64):
+    0 the CTA's start, 1 its end (also where a balanced launch's CTA returns at once); the
+    swap-AB and seesaw schedules' first consumer group adds 3 its Q tile landed, 4 its block
+    loop done, 5 its output stored. At the start the SM it runs on goes into ``Timeline[pid,
+    2]``. The calling partition's threads store the same values. Without it the kernels are
+    unchanged."""
     if TIMELINE:
         t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
                                       pack=1)
-        row = Timeline + gl.program_id(0) * 3
+        row = Timeline + gl.program_id(0) * 6
         gl.store(row + slot, t)
         if slot == 0:
             sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
@@ -1737,7 +1739,7 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                      CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, BALANCE: gl.constexpr, KV_FP8: gl.constexpr,
-                     R: gl.constexpr):
+                     R: gl.constexpr, Timeline, TIMELINE: gl.constexpr):
     """Consumer group WG of the swap-AB schedule (see above): every block's scores, the softmax
     of the R rows, and O^T's columns ``[WG * LV/2, (WG + 1) * LV/2)``. KV_FP8: the ring holds the
     fp16 blocks the converter warps wrote; ``k_scale`` scales the scores and o."""
@@ -1752,6 +1754,8 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked, qk_scale,
      v_scale, k_req) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD,
                               CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, RQ, R)
+    if WG == 0:
+        _cta_mark(Timeline, 3, TIMELINE)
     # My P^T: half of P tile 0 (tile 1 keeps Q's rope tile for every block's scores).
     PT_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * R, element_bitwidth=16)
     pt = sp_smem.index(0).reinterpret(sp_smem.dtype, [2 * BLOCK_N, R], PT_L).slice(WG * BLOCK_N, BLOCK_N)
@@ -1790,9 +1794,13 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
         mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half: my P^T V^T is done with it
 
+    if WG == 0:
+        _cta_mark(Timeline, 4, TIMELINE)
     _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0,
                      qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                      stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE, num_kv_splits)
+    if WG == 0:
+        _cta_mark(Timeline, 5, TIMELINE)
 
 
 @gluon.jit
@@ -1975,9 +1983,11 @@ def _verify_stage1_swapab(
     else:
         gl.warp_specialize([
             (_consumer_swapab, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS)),
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS, Timeline,
+                                TIMELINE)),
             (_consumer_swapab, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS)),
+                                cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS, Timeline,
+                                TIMELINE)),
             (_fill_swapab, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
@@ -2405,7 +2415,7 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                      CP_INTERLEAVE: gl.constexpr, Qo_Indptr, Tree_Mask, num_rows, VARLEN: gl.constexpr,
                      HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, STAGE_ORDER: gl.constexpr, KV_FP8: gl.constexpr,
-                     STAGE_OUT: gl.constexpr, NAMED: gl.constexpr):
+                     STAGE_OUT: gl.constexpr, NAMED: gl.constexpr, Timeline, TIMELINE: gl.constexpr):
     """Consumer group WG of the seesaw schedule (see above). KV_FP8: the ring holds the fp16
     blocks the converter warps wrote; ``k_scale`` scales the scores and o. ``shared``: the runtime arguments
     both groups take (``_verify_stage1_seesaw`` builds it). STAGE_ORDER: group 1 multiplies
@@ -2440,6 +2450,8 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                                   num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
                                   MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
                                   VARLEN, HAS_TREE, BALANCE, ROW)
+    if WG == 0:
+        _cta_mark(Timeline, 3, TIMELINE)
 
     q_rope = sp_smem.index(1).load(OP_A)  # read before group 1 stores its first P there
     acc0 = gl.zeros([_BM, _DT], gl.float32, MMA)  # my O half, by 64 columns
@@ -2565,11 +2577,15 @@ def _consumer_seesaw(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             t0, t1, t2, t3 = _pv_issue(sp_smem.index(0), kv_smem, zero + V0, acc0, acc1, acc2, acc3, BLOCK_N)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
 
+    if WG == 0:
+        _cta_mark(Timeline, 4, TIMELINE)
     # l = my row sums + the other group's (both in the last block's frame).
     l_i = _pair_row_sums(WG, l_i, sl_smem, l_bar, ROW)
     _store_out(WG, acc0, acc1, acc2, acc3, l_i, m_f, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0, qlen,
                qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
                HEAD_BOX, LV, SINGLE, VARLEN, MMA, kv_smem, STAGE_OUT, k_req, BALANCE, num_kv_splits)
+    if WG == 0:
+        _cta_mark(Timeline, 5, TIMELINE)
 
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
@@ -2642,10 +2658,10 @@ def _verify_stage1_seesaw(
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE, BALANCE,
-                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE, Timeline, TIMELINE)),
             (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE, BALANCE,
-                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE, Timeline, TIMELINE)),
             (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
@@ -2661,10 +2677,10 @@ def _verify_stage1_seesaw(
         gl.warp_specialize([
             (_consumer_seesaw, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE, BALANCE,
-                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE, Timeline, TIMELINE)),
             (_consumer_seesaw, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, Tree_Mask, num_rows, VARLEN, HAS_TREE, BALANCE,
-                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE)),
+                                STAGE_ORDER, KV_FP8, STAGE_OUT, NAMED_EXCHANGE, Timeline, TIMELINE)),
             (_fill_seesaw, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,

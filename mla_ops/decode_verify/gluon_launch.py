@@ -224,13 +224,14 @@ _TIMELINE: list = [None]  # the buffer of an open ``cta_timeline``
 @contextlib.contextmanager
 def cta_timeline(buffer: torch.Tensor):
     """Inside it, every Gluon stage 1 launched writes each CTA's start and end (``%globaltimer``,
-    ns) and its SM into ``buffer[pid]`` (``[grid, 3]`` int64 on the launch's device;
-    ``gluon_kernels._cta_mark``): how the CTAs of a launch were dispatched, which per-kernel
+    ns), its SM and, in the swap-AB and seesaw schedules, when its Q tile landed, its block loop
+    ended and its output was stored into ``buffer[pid]`` (``[grid, 6]`` int64 on the launch's
+    device, -1 where not written beforehand; ``gluon_kernels._cta_mark``): how the CTAs of a launch were dispatched, which per-kernel
     times cannot show (``benchmarks/kernel_times.py --timeline``). Every call inside takes the
     full launch path (``fastpath.ENV_OFF`` set), since a replay would not pass the buffer."""
     if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.int64 or buffer.dim() != 2 \
-            or buffer.shape[1] != 3:
-        raise ValueError("buffer: expected a [grid, 3] int64 tensor")
+            or buffer.shape[1] != 6:
+        raise ValueError("buffer: expected a [grid, 6] int64 tensor")
     before, _TIMELINE[0] = os.environ.get(ENV_OFF), buffer
     os.environ[ENV_OFF] = "1"
     try:
