@@ -36,7 +36,8 @@
 #                                           # lengths, M2 M3 M5 and H16 B32 L 512 / 1k (kt_*_equal.json)
 #   bash benchmarks/h200_session.sh timeline # CTA timelines with each CTA's phases (Q landed, loop
 #                                           # done, output stored): the table at equal lengths and
-#                                           # both at spread lengths, M2 M3 (kt_*.json)
+#                                           # both at spread lengths, M2 M3, and one request's
+#                                           # 2 CTAs alone (kt_*.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -155,16 +156,19 @@ bf16bound() {  # the table's bf16 Gluon stage 1 where FlashMLA leads most: H128 
   stage1_ncu M3_table M3 bf16 '{}'
 }
 
-kt() {  # CTA timelines: $1 name, $2 variant, $3 spread|equal, $4.. shapes (kt_<name>_<lens>.json)
+kt() {  # CTA timelines: $1 name, $2 variant, $3 spread|equal, $4.. --shape / --case (kt_<name>_<lens>.json)
   local name=$1 variant=$2 lens=$3; shift 3
-  timeout 75 python3 benchmarks/kernel_times.py --shape "$@" $([ $lens = spread ] && echo --spread) \
+  timeout 75 python3 benchmarks/kernel_times.py "$@" $([ $lens = spread ] && echo --spread) \
     --calls 10 --timeline --variant "$variant" --json "$OUT/kt_${name}_$lens.json" 2>&1 | grep -v Warn
 }
 
 timeline() {  # where a CTA's time goes: the table's and BALANCE's timelines with phases
-  kt table '{}' equal M2 M3 --case 16,2,32,512 16,2,32,1024
-  kt table '{}' spread M2 M3
-  kt balance '{"BALANCE": 2}' spread M2 M3
+  kt table '{}' equal --shape M2 M3 --case 16,2,32,512 16,2,32,1024
+  kt table '{}' spread --shape M2 M3
+  kt balance '{"BALANCE": 2}' spread --shape M2 M3
+  # one request, 2 CTAs: the same CTAs with no other CTA streaming beside them
+  kt alone_swapab '{"family": "gluon", "SCHEDULE": "swapab"}' equal --case 16,2,1,512 16,2,1,4096
+  kt alone_seesaw '{"family": "gluon", "SCHEDULE": "seesaw", "STAGE_OUT": 1}' equal --case 16,4,1,512 16,4,1,4096
 }
 
 balance() {  # the A/Bs first (each checks its variants against the reference before timing)
@@ -174,14 +178,14 @@ balance() {  # the A/Bs first (each checks its variants against the reference be
       --json "$OUT/ab_balance_$2.json" 2>&1 | tail -30
   }
   ab spread spread
-  kt balance '{"BALANCE": 2}' spread M2 M3 --case 16,2,16,32768
-  kt table '{}' spread M2 M3 --case 16,2,16,32768
+  kt balance '{"BALANCE": 2}' spread --shape M2 M3 --case 16,2,16,32768
+  kt table '{}' spread --shape M2 M3 --case 16,2,16,32768
   if [ -f "${AB_BASE:-.ab_base}/mla_ops/__init__.py" ]; then  # the same A/B on another tree's kernels
     PYTHONPATH="${AB_BASE:-.ab_base}:$PYTHONPATH" ab spread base_spread
   fi
   timeout 150 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" tests/test_decode_verify.py \
     tests/test_gluon_verify.py -k "balance or balanced" 2>&1 | tee "$OUT/gpu_tests_balance.txt" | tail -4
-  kt table '{}' equal M2 M3 M5 --case 16,2,32,512 16,2,32,1024
+  kt table '{}' equal --shape M2 M3 M5 --case 16,2,32,512 16,2,32,1024
   ab equal equal
 }
 
