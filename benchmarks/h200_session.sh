@@ -38,6 +38,9 @@
 #                                           # done, output stored): the table at equal lengths and
 #                                           # both at spread lengths, M2 M3, and one request's
 #                                           # 2 CTAs alone (kt_*.json)
+#   bash benchmarks/h200_session.sh splitscores # swap-AB with SPLIT_SCORES: GPU tests, CTAs alone
+#                                           # and M2's timeline (kt_*.json), the A/B beside plain
+#                                           # swap-AB, the table and the seesaw (ab_split_scores.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -171,6 +174,22 @@ timeline() {  # where a CTA's time goes: the table's and BALANCE's timelines wit
   kt alone_seesaw '{"family": "gluon", "SCHEDULE": "seesaw", "STAGE_OUT": 1}' equal --case 16,4,1,512 16,4,1,4096
 }
 
+splitscores() {  # swap-AB with SPLIT_SCORES: its GPU tests, then one request's CTAs alone (the
+  # per-block cost without other CTAs streaming), M2's timeline, and the A/B beside plain
+  # swap-AB, the table and the 64-row seesaw at the shapes of <= 32 rows per request
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" tests/test_gluon_verify.py \
+    -k "swapab or split_scores" 2>&1 | tee "$OUT/gpu_tests_split_scores.txt" | tail -4
+  local plain='{"family": "gluon", "SCHEDULE": "swapab"}'
+  local split='{"family": "gluon", "SCHEDULE": "swapab", "SPLIT_SCORES": 1}'
+  kt alone_swapab "$plain" equal --case 16,2,1,512 16,1,1,512 16,2,1,4096
+  kt alone_split "$split" equal --case 16,2,1,512 16,1,1,512 16,2,1,4096
+  kt split "$split" equal --shape M2
+  timeout 300 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,2,16,32768 16,1,32,4096 \
+    16,1,128,4096 16,2,128,4096 32,1,32,4096 16,2,1,8192 --variant "$plain" "$split" '{}' \
+    '{"family": "gluon", "SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1, "STAGE_OUT": 1, "NAMED_EXCHANGE": 1}' \
+    --rounds 3 --json "$OUT/ab_split_scores.json" 2>&1 | tail -40
+}
+
 balance() {  # the A/Bs first (each checks its variants against the reference before timing)
   ab() {  # $1 spread|equal, $2 file tag; PYTHONPATH may put another tree's mla_ops first
     timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 M3 M4 M7 --case 16,2,16,32768 \
@@ -208,9 +227,10 @@ flashmla) flashmla ;;
 abtree) abtree ;;
 balance) balance ;;
 timeline) timeline ;;
+splitscores) splitscores ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac

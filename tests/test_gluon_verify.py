@@ -130,7 +130,9 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
     if schedule.startswith("swapab"):  # a request's rows in 32 wgmma columns (H16 qlen 2; 16: H16 qlen 1)
         sig.pop("Tree_Mask", None)
         constexprs.pop("HAS_TREE", None)
-        constexprs["ROWS"] = 32
+        constexprs["ROWS"] = 16 if schedule.endswith("16") else 32
+    if schedule.startswith("swapab-split"):  # each group the scores over its half (SPLIT_SCORES)
+        constexprs["SPLIT_SCORES"] = True
     if schedule == "swapab-blocks":  # the groups take alternate blocks (the config's SWAPAB_BLOCKS)
         constexprs["ALT_BLOCKS"] = True
     if schedule == "alt-qkfirst":
@@ -197,6 +199,10 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "seesaw", False, False, False, Tr
 # trees, ragged draft counts and context-parallel ranks).
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, fp8, single, False, False)
              for sched, fp8, single in (("swapab", False, False), ("swapab-blocks", True, True))]
+# Swap-AB with the scores split between the groups (SPLIT_SCORES, bf16 only): R 32 with splits
+# and R 16 (H16 qlen 1, one unit of Q's unread rows per partial) with one split.
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, single, False, False)
+             for sched, single in (("swapab-split", False), ("swapab-split16", True))]
 # The handovers between the consumer groups on named barriers (NAMED_EXCHANGE), in the table's
 # forms of the two schedules that hand over: the seesaw at H128 (one split) and H16 (splits),
 # fp8 alt at H128.
@@ -222,7 +228,7 @@ BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", T
               ("alt-qkfirst-out", False, 128), ("seesaw-prod-out", False, 128), ("seesaw-stage-prod", False, 16),
               ("seesaw-prod", True, 128), ("swapab-blocks", True, 16),
               ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128),
-              ("alt-bal", False, 16), ("swapab-tl", False, 16)}
+              ("alt-bal", False, 16), ("swapab-tl", False, 16), ("swapab-split", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -263,6 +269,7 @@ MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32
              ("seesaw", False): 48, ("seesaw-prod", False): 48, ("seesaw-stage-prod", False): 120,
              ("alt-early", True): 80, ("seesaw", True): 56, ("seesaw-prod", True): 40,
              ("seesaw-stage-prod", True): 104, ("swapab", False): 8, ("swapab", True): 40,
+             ("swapab-split", False): 8, ("swapab-split16", False): 8,
              ("swapab-blocks", False): 48, ("swapab-blocks", True): 104}
 # (alt-early fp8, the converter partition's kernel: H16 60 bytes, H128 one split 72; in the SASS
 # of H128 the first group and the converter reload nothing inside their loops, the second group
@@ -350,10 +357,10 @@ def test_swapab_takes_requests_of_at_most_32_rows(qlen, heads, tree, ragged, cp,
     assert gla.swapab_takes(qlen, heads, tree=tree, ragged=ragged, context_parallel=cp) is takes
 
 
-def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balance=0):
-    """``launch_verify_stage1_gluon`` with ``cfg`` on a small bf16 case (CPU: descriptors and the
-    launch recorded, not run), ``splits`` (a workspace when > 1) and the launcher's ``balance``:
-    ``(kernel, its keyword arguments)``."""
+def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balance=0, fp8=False):
+    """``launch_verify_stage1_gluon`` with ``cfg`` on a small bf16 (``fp8``: e4m3) case (CPU:
+    descriptors and the launch recorded, not run), ``splits`` (a workspace when > 1) and the
+    launcher's ``balance``: ``(kernel, its keyword arguments)``."""
     if gla._gk is None:
         pytest.skip("the Gluon kernels do not import here")
     seen = {}
@@ -362,6 +369,8 @@ def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balanc
     B, page = 2, 64
     q = torch.randn(B * qlen, heads, LK, dtype=torch.bfloat16)
     k = torch.randn(4, page, 1, LK, dtype=torch.bfloat16)
+    if fp8:
+        k = k.to(torch.float8_e4m3fn)
     table = torch.zeros(B, 4, dtype=torch.int32)
     lens = torch.full((B,), 100, dtype=torch.int32)
     o = torch.empty(B * qlen, heads, LV, dtype=torch.bfloat16)
@@ -422,6 +431,19 @@ def test_swapab_config_launches_the_kernel_that_takes_it(qlen, heads, tree, kern
     assert fn is getattr(gla._gk, kernel)
     assert kw.get("ROWS") == rows
     assert kw.get("ALT_BLOCKS") == (bool(blocks) if rows else None)
+
+
+@pytest.mark.parametrize("qlen,cfg,fp8,passed", [
+    (2, {}, False, True), (1, {}, False, True), (2, {"SWAPAB_BLOCKS": 1}, False, None), (2, {}, True, None),
+    (3, {}, False, None)])
+@pytest.mark.parametrize("key", [0, 1])
+def test_split_scores_reaches_the_bf16_swapab_kernel_only(qlen, cfg, fp8, passed, key, monkeypatch):
+    """SPLIT_SCORES is passed to the swap-AB kernel of a bf16 cache without SWAPAB_BLOCKS, only
+    when set (the fp8 converter stages blocks in the Q rows its partials would use; alt, which
+    runs what swap-AB does not take, has no such key)."""
+    fn, kw = _recorded_launch(qlen, 16, {"SCHEDULE": "swapab", "SPLIT_SCORES": key, **cfg}, monkeypatch, fp8=fp8)
+    assert fn is (gla._gk._verify_stage1_swapab if qlen <= 2 else gla._gk._verify_stage1_alt)
+    assert kw.get("SPLIT_SCORES") == (passed if key else None)
 
 
 @pytest.mark.parametrize("schedule,heads,qlen,kernel,named", [
@@ -602,6 +624,9 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "swapab": {"SCHEDULE": "swapab"},
              # the same, the two groups taking alternate blocks (all of O^T each, merged at the end)
              "swapab-blocks": {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1},
+             # the same, each group the scores over its own half of the columns (bf16; fp8 runs
+             # plain swap-AB)
+             "swapab-split": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1},
              # the handovers between the consumer groups on named barriers (NAMED_EXCHANGE)
              "alt-named": {"SCHEDULE": "alt", "NAMED_EXCHANGE": 1},
              "alt-qkfirst-named": {"SCHEDULE": "alt", "QK_FIRST": 1, "NAMED_EXCHANGE": 1},
@@ -617,7 +642,8 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
                                                           "NAMED_EXCHANGE": 1, "BALANCE": 2},
              "redundant-balance": {"SCHEDULE": "redundant", "BALANCE": 2},
              "swapab-balance": {"SCHEDULE": "swapab", "BALANCE": 2},
-             "swapab-blocks-balance": {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1, "BALANCE": 3}}
+             "swapab-blocks-balance": {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1, "BALANCE": 3},
+             "swapab-split-balance": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "BALANCE": 2}}
 
 # Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
 # token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
@@ -641,7 +667,8 @@ def test_gluon_matches_reference(case, schedule):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("case", SWAPAB_CASES, ids=[c[0] for c in SWAPAB_CASES])
-@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-balance", "swapab-blocks-balance"])
+@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-balance", "swapab-blocks-balance",
+                                      "swapab-split", "swapab-split-balance"])
 def test_gluon_swapab_matches_reference(case, schedule):
     _check_case(case, SCHEDULES[schedule])
 
@@ -681,7 +708,7 @@ def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-blocks-balance"])
+@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-blocks-balance", "swapab-split"])
 def test_gluon_swapab_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule], qlen=2)
 

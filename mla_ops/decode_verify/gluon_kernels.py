@@ -1627,6 +1627,58 @@ def _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R: gl.constexpr
 
 
 @gluon.jit
+def _swapab_half_scores(WG: gl.constexpr, q_smem, sp_smem, kv_smem, ready, s, ph, zero, R: gl.constexpr,
+                        BLOCK_N: gl.constexpr, N_DT: gl.constexpr, MMA: gl.constexpr):
+    """``SPLIT_SCORES``: group WG's share of ``S^T = K Q^T`` for the block in stage ``s``, over
+    the columns of its own ring half only (group 0: tiles 0-3; group 1: tiles 4-7 and the rope
+    tile), the half whose V columns it multiplies; returns the in-flight partial."""
+    HALF0: gl.constexpr = (N_DT - 1) // 2
+    base = s * N_DT
+    st = gl.zeros([BLOCK_N, R], gl.float32, MMA)
+    mbarrier.wait(ready.index(2 * s + WG), ph)
+    C0: gl.constexpr = 0 if WG == 0 else HALF0
+    C1: gl.constexpr = HALF0 if WG == 0 else N_DT - 1
+    for c in gl.static_range(C0, C1):
+        st = warpgroup_mma(kv_smem.index(base + c).reshape([BLOCK_N, _DT]),
+                           q_smem.index(c + zero).reshape([_BM, _DT]).slice(0, R).permute((1, 0)), st,
+                           is_async=True)
+    if WG == 1:
+        st = warpgroup_mma(kv_smem.index(base + N_DT - 1).reshape([BLOCK_N, _DT]),
+                           sp_smem.index(1).slice(0, R).permute((1, 0)), st, is_async=True)
+    return st
+
+
+@gluon.jit
+def _partial_slot(q_smem, WG, slot, R: gl.constexpr):
+    """``SPLIT_SCORES``: the fp32 ``[NU, KU, R]`` shared view (``[64, R]`` in NU units of KU
+    keys) where group WG leaves its partial scores of a block with ``slot = j % 2``: rows
+    32-63 of Q tiles ``(2 WG + slot) NU ...``, which a request of R <= 32 rows leaves unread
+    (4 KB each; the fp8 converter stages there instead, so bf16 caches only)."""
+    N_Q: gl.constexpr = q_smem.shape[0]
+    KU: gl.constexpr = 1024 // R  # keys per 4 KB unit
+    NU: gl.constexpr = _DT // KU
+    X_L: gl.constexpr = gl.SwizzledSharedLayout(2, 1, 8, [2, 1, 0])
+    q32 = q_smem.reinterpret(gl.float32, [N_Q // NU, NU, 2 * KU, R], X_L)
+    return q32.index(2 * WG + slot).slice(KU, KU, dim=1)
+
+
+@gluon.jit
+def _exchange_scores(WG: gl.constexpr, st, q_smem, slot, R: gl.constexpr, MMA: gl.constexpr):
+    """``SPLIT_SCORES``: the block's whole ``S^T`` from group WG's partial ``st``: each group
+    stores its partial, both meet at named barrier 8 (256 threads), each adds the other's. The
+    sum is commutative, so both groups hold the same scores (and the same P, row max and row
+    sums). A slot is rewritten two blocks later, past the next block's meeting, which the
+    reader reaches only after this read."""
+    KU: gl.constexpr = 1024 // R
+    NU: gl.constexpr = _DT // KU
+    mine = gl.reshape(st, [NU, KU, R])
+    _partial_slot(q_smem, WG, slot, R).store(mine)
+    _named_barrier(False, 8)
+    other = _partial_slot(q_smem, 1 - WG, slot, R).load(mine.type.layout)
+    return st + gl.convert_layout(gl.reshape(other, [_DT, R]), MMA)
+
+
+@gluon.jit
 def _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N: gl.constexpr, KEY: gl.constexpr):
     """One block's online softmax in the swap-AB layout (``st``: S^T ``[BLOCK_N keys, R rows]``):
     keys past a row's limit masked, returns ``(p, alpha, m_i, l_i)`` (P^T unnormalized, each
@@ -1739,10 +1791,13 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                      CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, BALANCE: gl.constexpr, KV_FP8: gl.constexpr,
-                     R: gl.constexpr, Timeline, TIMELINE: gl.constexpr):
+                     R: gl.constexpr, Timeline, TIMELINE: gl.constexpr, SPLIT_SCORES: gl.constexpr = False):
     """Consumer group WG of the swap-AB schedule (see above): every block's scores, the softmax
     of the R rows, and O^T's columns ``[WG * LV/2, (WG + 1) * LV/2)``. KV_FP8: the ring holds the
-    fp16 blocks the converter warps wrote; ``k_scale`` scales the scores and o."""
+    fp16 blocks the converter warps wrote; ``k_scale`` scales the scores and o. SPLIT_SCORES
+    (bf16): the group computes the scores over its own ring half's columns only and the two
+    partials are summed through shared memory (``_exchange_scores``), so that each K tile and Q
+    tile is read by one group instead of both; a ring half is then read by its group alone."""
     (q_smem, kv_smem, sp_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
      num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
      stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
@@ -1771,9 +1826,14 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         s = j % 2 + zero
         ph = (j // 2) & 1
         start = split_start + j * BLOCK_N
-        st = _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
-        st = warpgroup_mma_wait(0, deps=(st, ))
-        mbarrier.arrive(empty.index(2 * s + 1 - WG), count=1)  # the other group's half: my scores are done
+        if SPLIT_SCORES:
+            st = _swapab_half_scores(WG, q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
+            st = warpgroup_mma_wait(0, deps=(st, ))
+            st = _exchange_scores(WG, st, q_smem, j % 2 + zero, R, MMA)
+        else:
+            st = _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
+            st = warpgroup_mma_wait(0, deps=(st, ))
+            mbarrier.arrive(empty.index(2 * s + 1 - WG), count=1)  # the other group's half: my scores are done
         p, alpha, m_i, l_i = _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N, KEY)
         acc0 = acc0 * alpha[None, :]
         acc1 = acc1 * alpha[None, :]
@@ -1781,7 +1841,8 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         acc3 = acc3 * alpha[None, :]
         if start + BLOCK_N > kv_end:
             # Keys past the end have P = 0, but V rows there may hold anything (0 * NaN). The
-            # other group may still be reading these rows for its scores: those are masked.
+            # other group may still be reading these rows for its scores (without
+            # SPLIT_SCORES): those are masked.
             _zero_v_tail(kv_smem, s * N_DT, V0, V_TILES, kv_end - start, BLOCK_N)
         pt.store(p.to(pt.dtype))
         fence_async_shared()
@@ -1928,14 +1989,15 @@ def _verify_stage1_swapab(
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROWS: gl.constexpr = 32,
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, num_rows=None, VARLEN: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
-    ALT_BLOCKS: gl.constexpr = False, BALANCE: gl.constexpr = 0,
+    ALT_BLOCKS: gl.constexpr = False, BALANCE: gl.constexpr = 0, SPLIT_SCORES: gl.constexpr = False,
     Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
     trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
     first of its one 64-row block. An fp8 cache runs the staging converter partition. ALT_BLOCKS:
     the groups take alternate blocks, each with all of O^T (``_consumer_swapab_blocks``), instead
-    of every block's scores for half of O^T each."""
+    of every block's scores for half of O^T each. SPLIT_SCORES (bf16, not with ALT_BLOCKS): each
+    group the scores over its ring half's columns, the partials summed through shared memory."""
     _launch_dependents(LAUNCH_DEPENDENTS)
     _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
@@ -1948,6 +2010,7 @@ def _verify_stage1_swapab(
             return
     KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
     gl.static_assert(ROWS == 16 or ROWS == 32)
+    gl.static_assert(not SPLIT_SCORES or not (KV_FP8 or ALT_BLOCKS))
     q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # [stage * 2 + half]
@@ -1955,8 +2018,9 @@ def _verify_stage1_swapab(
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=1)
-        # both groups read every tile (scores); with ALT_BLOCKS a stage is one group's
-        mbarrier.init(empty.index(i), count=1 if ALT_BLOCKS else 2)
+        # both groups read every tile (scores); with ALT_BLOCKS a stage is one group's, with
+        # SPLIT_SCORES a half is one group's
+        mbarrier.init(empty.index(i), count=1 if ALT_BLOCKS or SPLIT_SCORES else 2)
     q_conv, staged = _converter_barriers(q_bar, ready, 6, KV_FP8)  # 4 ring parts, 2 staging halves
 
     shared = (q_smem, kv_smem, sp_smem, q_conv, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
@@ -1984,10 +2048,10 @@ def _verify_stage1_swapab(
         gl.warp_specialize([
             (_consumer_swapab, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS, Timeline,
-                                TIMELINE)),
+                                TIMELINE, SPLIT_SCORES)),
             (_consumer_swapab, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS, Timeline,
-                                TIMELINE)),
+                                TIMELINE, SPLIT_SCORES)),
             (_fill_swapab, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,

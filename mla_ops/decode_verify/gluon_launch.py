@@ -110,6 +110,11 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # all 512 columns of O^T, merged through shared memory at the split's end, instead of both
     # computing every block's scores for half of O^T each (gluon_kernels._consumer_swapab_blocks).
     "SWAPAB_BLOCKS": 0,
+    # "swapab" with a bf16 cache, not with SWAPAB_BLOCKS: each group computes the scores over
+    # its own ring half's 256 (+ 64 rope) columns and the two [64, R] fp32 partials are summed
+    # through Q's unread shared rows (gluon_kernels._exchange_scores), so each K and Q tile is
+    # read by one group instead of both. Passed to the kernel only when it applies.
+    "SPLIT_SCORES": 0,
     # balanced splits (``splits.py``; the config keys of ``configs.py``): 0, or b >= 2. Passed
     # to the kernel only when set and the launch has splits.
     "BALANCE": 0,
@@ -305,6 +310,8 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
             extra["NAMED_EXCHANGE"] = True
     elif kernel is _gk._verify_stage1_swapab:
         extra = {"ROWS": 16 if qlen * num_heads <= 16 else 32, "ALT_BLOCKS": bool(c["SWAPAB_BLOCKS"])}
+        if c["SPLIT_SCORES"] and not fp8 and not c["SWAPAB_BLOCKS"]:
+            extra["SPLIT_SCORES"] = True
     if c["STAGE_OUT"] and kernel not in (_gk._verify_stage1_ws, _gk._verify_stage1_swapab):
         extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
