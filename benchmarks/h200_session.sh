@@ -41,6 +41,9 @@
 #   bash benchmarks/h200_session.sh splitscores # swap-AB with SPLIT_SCORES: GPU tests, CTAs alone
 #                                           # and M2's timeline (kt_*.json), the A/B beside plain
 #                                           # swap-AB, the table and the seesaw (ab_split_scores.json)
+#   bash benchmarks/h200_session.sh fewrows # H16 q1 / q2: swap-AB (plain, SPLIT_SCORES, SWAPAB_BLOCKS)
+#                                           # and the seesaw (with and without STAGE_OUT), CTAs alone
+#                                           # (kt_alone_*.json) and the A/B at B 8-24 and M2 (ab_fewrows.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -190,6 +193,22 @@ splitscores() {  # swap-AB with SPLIT_SCORES: its GPU tests, then one request's 
     --rounds 3 --json "$OUT/ab_split_scores.json" 2>&1 | tail -40
 }
 
+fewrows() {  # requests of <= 32 rows (H16 q1 / q2): the schedules' rate per CTA where HBM does
+  # not bind (one request's CTAs alone; B 8, 16, 24: an H100 CTA of B 24 has the HBM share of
+  # an H200 CTA of M2's B 32) and at M2
+  local plain='{"family": "gluon", "SCHEDULE": "swapab"}'
+  local split='{"family": "gluon", "SCHEDULE": "swapab", "SPLIT_SCORES": 1}'
+  local blocks='{"family": "gluon", "SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1}'
+  local seesaw='{"family": "gluon", "SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1, "NAMED_EXCHANGE": 1}'
+  local seesaw_out='{"family": "gluon", "SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1, "NAMED_EXCHANGE": 1, "STAGE_OUT": 1}'
+  kt alone_blocks "$blocks" equal --case 16,2,1,512 16,1,1,512
+  kt alone_seesaw "$seesaw" equal --case 16,2,1,512 16,1,1,512
+  kt alone_seesaw_out "$seesaw_out" equal --case 16,2,1,512 16,1,1,512
+  timeout 300 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,2,8,4096 16,2,16,4096 16,2,24,4096 \
+    16,1,24,4096 --variant "$plain" "$split" "$blocks" "$seesaw" "$seesaw_out" --rounds 3 \
+    --json "$OUT/ab_fewrows.json" 2>&1 | tail -40
+}
+
 balance() {  # the A/Bs first (each checks its variants against the reference before timing)
   ab() {  # $1 spread|equal, $2 file tag; PYTHONPATH may put another tree's mla_ops first
     timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 M3 M4 M7 --case 16,2,16,32768 \
@@ -228,9 +247,10 @@ abtree) abtree ;;
 balance) balance ;;
 timeline) timeline ;;
 splitscores) splitscores ;;
+fewrows) fewrows ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|fewrows|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac
