@@ -41,9 +41,10 @@
 #   bash benchmarks/h200_session.sh splitscores # swap-AB with SPLIT_SCORES: GPU tests, CTAs alone
 #                                           # and M2's timeline (kt_*.json), the A/B beside plain
 #                                           # swap-AB, the table and the seesaw (ab_split_scores.json)
-#   bash benchmarks/h200_session.sh fewrows # H16 q1 / q2: swap-AB (plain, SPLIT_SCORES, SWAPAB_BLOCKS)
-#                                           # and the seesaw (with and without STAGE_OUT), CTAs alone
-#                                           # (kt_alone_*.json) and the A/B at B 8-24 and M2 (ab_fewrows.json)
+#   bash benchmarks/h200_session.sh fewrows # H16 q2 (and q1): swap-AB (plain, SPLIT_SCORES,
+#                                           # SWAPAB_BLOCKS) and the seesaw, one request in one CTA
+#                                           # of 2-16 blocks (kt_one_*.json), the A/B at B 8-24 and
+#                                           # M2 (ab_fewrows.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -194,19 +195,20 @@ splitscores() {  # swap-AB with SPLIT_SCORES: its GPU tests, then one request's 
 }
 
 fewrows() {  # requests of <= 32 rows (H16 q1 / q2): the schedules' rate per CTA where HBM does
-  # not bind (one request's CTAs alone; B 8, 16, 24: an H100 CTA of B 24 has the HBM share of
-  # an H200 CTA of M2's B 32) and at M2
-  local plain='{"family": "gluon", "SCHEDULE": "swapab"}'
-  local split='{"family": "gluon", "SCHEDULE": "swapab", "SPLIT_SCORES": 1}'
-  local blocks='{"family": "gluon", "SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1}'
-  local seesaw='{"family": "gluon", "SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1, "NAMED_EXCHANGE": 1}'
-  local seesaw_out='{"family": "gluon", "SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1, "NAMED_EXCHANGE": 1, "STAGE_OUT": 1}'
-  kt alone_blocks "$blocks" equal --case 16,2,1,512 16,1,1,512
-  kt alone_seesaw "$seesaw" equal --case 16,2,1,512 16,1,1,512
-  kt alone_seesaw_out "$seesaw_out" equal --case 16,2,1,512 16,1,1,512
+  # not bind (one request in one CTA of 2, 8 and 16 blocks: the slope is a block's period, the
+  # intercept the fill; B 8, 16, 24: an H100 CTA of B 24 has the HBM share of an H200 CTA of
+  # M2's B 32) and at M2
+  local plain='"family": "gluon", "SCHEDULE": "swapab"'
+  local split='"family": "gluon", "SCHEDULE": "swapab", "SPLIT_SCORES": 1'
+  local blocks='"family": "gluon", "SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1'
+  local seesaw='"family": "gluon", "SCHEDULE": "seesaw", "STAGE_PRODUCERS": 1, "NAMED_EXCHANGE": 1'
+  local v
+  for v in plain split blocks seesaw; do
+    kt "one_$v" "{${!v}, \"SPLIT_WORK\": 1000000}" equal --case 16,2,1,128 16,2,1,512 16,2,1,1024
+  done
   timeout 300 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,2,8,4096 16,2,16,4096 16,2,24,4096 \
-    16,1,24,4096 --variant "$plain" "$split" "$blocks" "$seesaw" "$seesaw_out" --rounds 3 \
-    --json "$OUT/ab_fewrows.json" 2>&1 | tail -40
+    16,1,24,4096 --variant "{$plain}" "{$split}" "{$blocks}" "{$seesaw}" "{$seesaw, \"STAGE_OUT\": 1}" \
+    --rounds 3 --json "$OUT/ab_fewrows.json" 2>&1 | tail -40
 }
 
 balance() {  # the A/Bs first (each checks its variants against the reference before timing)
