@@ -133,6 +133,8 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs["ROWS"] = 16 if schedule.endswith("16") else 32
     if schedule.startswith("swapab-split"):  # each group the scores over its half (SPLIT_SCORES)
         constexprs["SPLIT_SCORES"] = True
+    if "-lean" in schedule:  # the softmax's reductions off the block's chain (LEAN_SOFTMAX 1 / 2)
+        constexprs["LEAN_SOFTMAX"] = int(schedule.split("-lean")[1][0])
     if schedule == "swapab-blocks":  # the groups take alternate blocks (the config's SWAPAB_BLOCKS)
         constexprs["ALT_BLOCKS"] = True
     if schedule == "alt-qkfirst":
@@ -203,6 +205,12 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, fp8, single, False, False)
 # and R 16 (H16 qlen 1, one unit of Q's unread rows per partial) with one split.
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, single, False, False)
              for sched, single in (("swapab-split", False), ("swapab-split16", True))]
+# Swap-AB with the softmax's reductions over the keys off the block's chain (LEAN_SOFTMAX, bf16
+# only): the rows' sums after the loop (1), and the row max through its own shared tile (2), at
+# R 32 with splits, R 16 with one split, and with SPLIT_SCORES.
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, single, False, False)
+             for sched, single in (("swapab-lean1", False), ("swapab-lean2", False), ("swapab-lean2-16", True),
+                                   ("swapab-split-lean2", False))]
 # The handovers between the consumer groups on named barriers (NAMED_EXCHANGE), in the table's
 # forms of the two schedules that hand over: the seesaw at H128 (one split) and H16 (splits),
 # fp8 alt at H128.
@@ -228,7 +236,8 @@ BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", T
               ("alt-qkfirst-out", False, 128), ("seesaw-prod-out", False, 128), ("seesaw-stage-prod", False, 16),
               ("seesaw-prod", True, 128), ("swapab-blocks", True, 16),
               ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128),
-              ("alt-bal", False, 16), ("swapab-tl", False, 16), ("swapab-split", False, 16)}
+              ("alt-bal", False, 16), ("swapab-tl", False, 16), ("swapab-split", False, 16),
+              ("swapab-lean2", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -270,6 +279,8 @@ MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32
              ("alt-early", True): 80, ("seesaw", True): 56, ("seesaw-prod", True): 40,
              ("seesaw-stage-prod", True): 104, ("swapab", False): 8, ("swapab", True): 40,
              ("swapab-split", False): 8, ("swapab-split16", False): 8,
+             ("swapab-lean1", False): 8, ("swapab-lean2", False): 8, ("swapab-lean2-16", False): 8,
+             ("swapab-split-lean2", False): 8,
              ("swapab-blocks", False): 48, ("swapab-blocks", True): 104}
 # (alt-early fp8, the converter partition's kernel: H16 60 bytes, H128 one split 72; in the SASS
 # of H128 the first group and the converter reload nothing inside their loops, the second group
@@ -444,6 +455,19 @@ def test_split_scores_reaches_the_bf16_swapab_kernel_only(qlen, cfg, fp8, passed
     fn, kw = _recorded_launch(qlen, 16, {"SCHEDULE": "swapab", "SPLIT_SCORES": key, **cfg}, monkeypatch, fp8=fp8)
     assert fn is (gla._gk._verify_stage1_swapab if qlen <= 2 else gla._gk._verify_stage1_alt)
     assert kw.get("SPLIT_SCORES") == (passed if key else None)
+
+
+@pytest.mark.parametrize("qlen,cfg,fp8,passed", [
+    (2, {}, False, True), (1, {}, False, True), (2, {"SPLIT_SCORES": 1}, False, True),
+    (2, {"SWAPAB_BLOCKS": 1}, False, None), (2, {}, True, None), (3, {}, False, None)])
+@pytest.mark.parametrize("key", [0, 1, 2])
+def test_lean_softmax_reaches_the_bf16_swapab_kernel_only(qlen, cfg, fp8, passed, key, monkeypatch):
+    """LEAN_SOFTMAX is passed, as its value, to the swap-AB kernel of a bf16 cache without
+    SWAPAB_BLOCKS, only when set (the fp8 and the alternate-blocks consumers keep triton's
+    reductions; alt, which runs what swap-AB does not take, has no such key)."""
+    fn, kw = _recorded_launch(qlen, 16, {"SCHEDULE": "swapab", "LEAN_SOFTMAX": key, **cfg}, monkeypatch, fp8=fp8)
+    assert fn is (gla._gk._verify_stage1_swapab if qlen <= 2 else gla._gk._verify_stage1_alt)
+    assert kw.get("LEAN_SOFTMAX") == (key if key and passed else None)
 
 
 @pytest.mark.parametrize("schedule,heads,qlen,kernel,named", [
@@ -627,6 +651,11 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              # the same, each group the scores over its own half of the columns (bf16; fp8 runs
              # plain swap-AB)
              "swapab-split": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1},
+             # the same, the softmax's reductions over the keys off the block's chain (bf16; fp8 runs
+             # plain swap-AB): the rows' sums after the loop, and the row max by one barrier
+             "swapab-lean1": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1},
+             "swapab-lean2": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 2},
+             "swapab-split-lean2": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "LEAN_SOFTMAX": 2},
              # the handovers between the consumer groups on named barriers (NAMED_EXCHANGE)
              "alt-named": {"SCHEDULE": "alt", "NAMED_EXCHANGE": 1},
              "alt-qkfirst-named": {"SCHEDULE": "alt", "QK_FIRST": 1, "NAMED_EXCHANGE": 1},
@@ -643,7 +672,8 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "redundant-balance": {"SCHEDULE": "redundant", "BALANCE": 2},
              "swapab-balance": {"SCHEDULE": "swapab", "BALANCE": 2},
              "swapab-blocks-balance": {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1, "BALANCE": 3},
-             "swapab-split-balance": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "BALANCE": 2}}
+             "swapab-split-balance": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "BALANCE": 2},
+             "swapab-lean2-balance": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 2, "BALANCE": 2}}
 
 # Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
 # token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
@@ -668,7 +698,8 @@ def test_gluon_matches_reference(case, schedule):
 @needs_hopper
 @pytest.mark.parametrize("case", SWAPAB_CASES, ids=[c[0] for c in SWAPAB_CASES])
 @pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-balance", "swapab-blocks-balance",
-                                      "swapab-split", "swapab-split-balance"])
+                                      "swapab-split", "swapab-split-balance", "swapab-lean1", "swapab-lean2",
+                                      "swapab-split-lean2", "swapab-lean2-balance"])
 def test_gluon_swapab_matches_reference(case, schedule):
     _check_case(case, SCHEDULES[schedule])
 
@@ -708,7 +739,8 @@ def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-blocks-balance", "swapab-split"])
+@pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-blocks-balance", "swapab-split",
+                                      "swapab-lean2"])
 def test_gluon_swapab_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule], qlen=2)
 

@@ -1679,20 +1679,70 @@ def _exchange_scores(WG: gl.constexpr, st, q_smem, slot, R: gl.constexpr, MMA: g
 
 
 @gluon.jit
-def _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N: gl.constexpr, KEY: gl.constexpr):
+def _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N: gl.constexpr, KEY: gl.constexpr,
+                    LEAN_SOFTMAX: gl.constexpr = 0, red=None):
     """One block's online softmax in the swap-AB layout (``st``: S^T ``[BLOCK_N keys, R rows]``):
     keys past a row's limit masked, returns ``(p, alpha, m_i, l_i)`` (P^T unnormalized, each
-    row's rescale of its O^T column, the new running max and row sums)."""
+    row's rescale of its O^T column, the new running max and row sums). The keys are the
+    wgmma's M, spread over the group's 4 warps, so each reduction over them crosses warps
+    (triton's: two shared-memory rounds, three group barriers). LEAN_SOFTMAX >= 1: ``l_i`` is
+    ``[BLOCK_N, R]``, the rows' sums kept per key and reduced once after the loop
+    (``_swapab_row_sums``); 2: the row max too by ``_swapab_col_max`` (one barrier, ``red``)."""
     sc = st * qk_scale
     if start + BLOCK_N > full_end:  # keys past a row's limit or the split's end
         keys = start + gl.arange(0, BLOCK_N, layout=KEY)
         sc = gl.where(keys[:, None] < lim[None, :], sc, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+    if LEAN_SOFTMAX >= 2:
+        m_new = gl.maximum(m_i, _swapab_col_max(sc, red))
+    else:
+        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_safe)
     p = gl.exp2(sc - m_safe[None, :])
-    l_i = l_i * alpha + gl.sum(p, axis=0)
+    if LEAN_SOFTMAX >= 1:
+        l_i = l_i * alpha[None, :] + p
+    else:
+        l_i = l_i * alpha + gl.sum(p, axis=0)
     return p, alpha, m_new, l_i
+
+
+@gluon.constexpr_function
+def _warp_partials_layout(rows):
+    """The ``[4, R]`` layout of the 4 warps' partial maxima as ``_swapab_col_max`` reads them
+    back: the 4 in each thread's registers, R spread as the swap-AB row vectors are
+    (``rows``: the linear layout of ``SliceLayout(0, _wgmma_layout(R))``), so that their max
+    over the 4 is that layout with no data movement."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, b[0]] for b in rows.reg_bases] + [[1, 0], [2, 0]],
+        lane_bases=[[0, b[0]] for b in rows.lane_bases], warp_bases=[[0, b[0]] for b in rows.warp_bases],
+        block_bases=[], shape=[4, rows.shape[0]])
+
+
+@gluon.jit
+def _swapab_col_max(sc, red):
+    """The max over the keys of ``sc`` (``[64 keys, R]``, the wgmma accumulator layout, where
+    warp w holds keys 16w..16w+15) with one group barrier: each warp's max over its own keys
+    (shuffles), the 4 partials through ``red`` (the group's ``[4, R]`` fp32 shared tile, an
+    allocation of its own so that no other shared access orders against it: the next block
+    rewrites it only after the P^T barrier, which every warp passes after this read), each
+    thread the max of the 4. Returns ``[R]`` along ``SliceLayout(0, layout of sc)``."""
+    R: gl.constexpr = sc.shape[1]
+    gl.static_assert(sc.shape[0] == 64)
+    RQ: gl.constexpr = gl.SliceLayout(0, sc.type.layout)
+    part = gl.max(gl.reshape(sc, [4, 16, R]), axis=1)  # [4, R]: warp w's max (the reshape keeps w on dim 0)
+    red.store(part)
+    _barrier()
+    parts = red.load(_warp_partials_layout(gl.to_linear_layout(RQ, [R])))
+    return gl.convert_layout(gl.max(parts, axis=0), RQ, assert_trivial=True)
+
+
+@gluon.jit
+def _swapab_row_sums(l_i, LEAN_SOFTMAX: gl.constexpr):
+    """The rows' sums after the block loop: ``l_i`` itself, or (LEAN_SOFTMAX >= 1) its sum over the keys."""
+    if LEAN_SOFTMAX >= 1:
+        return gl.sum(l_i, axis=0)
+    else:
+        return l_i
 
 
 @gluon.jit
@@ -1791,13 +1841,16 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                      CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, BALANCE: gl.constexpr, KV_FP8: gl.constexpr,
-                     R: gl.constexpr, Timeline, TIMELINE: gl.constexpr, SPLIT_SCORES: gl.constexpr = False):
+                     R: gl.constexpr, Timeline, TIMELINE: gl.constexpr, SPLIT_SCORES: gl.constexpr = False,
+                     LEAN_SOFTMAX: gl.constexpr = 0, red_smem=None):
     """Consumer group WG of the swap-AB schedule (see above): every block's scores, the softmax
     of the R rows, and O^T's columns ``[WG * LV/2, (WG + 1) * LV/2)``. KV_FP8: the ring holds the
     fp16 blocks the converter warps wrote; ``k_scale`` scales the scores and o. SPLIT_SCORES
     (bf16): the group computes the scores over its own ring half's columns only and the two
     partials are summed through shared memory (``_exchange_scores``), so that each K tile and Q
-    tile is read by one group instead of both; a ring half is then read by its group alone."""
+    tile is read by one group instead of both; a ring half is then read by its group alone.
+    LEAN_SOFTMAX (bf16): the softmax's reductions over the keys off the block's chain
+    (``_swapab_softmax``; 2: ``red_smem`` ``[2, 4, R]``, a tile per group)."""
     (q_smem, kv_smem, sp_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
      num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
      stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
@@ -1818,8 +1871,15 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     acc1 = gl.zeros([_DT, R], gl.float32, MMA)
     acc2 = gl.zeros([_DT, R], gl.float32, MMA)
     acc3 = gl.zeros([_DT, R], gl.float32, MMA)
-    l_i = gl.zeros([R], gl.float32, RQ)
+    if LEAN_SOFTMAX >= 1:
+        l_i = gl.zeros([BLOCK_N, R], gl.float32, MMA)  # the rows' sums by key (_swapab_softmax)
+    else:
+        l_i = gl.zeros([R], gl.float32, RQ)
     m_i = gl.full([R], float("-inf"), gl.float32, RQ)
+    if LEAN_SOFTMAX >= 2:
+        red = red_smem.index(WG)
+    else:
+        red = None
     nz = (seq_len < 0).to(gl.int32)  # an opaque zero (see _consumer_alt)
     for j in range(n_blocks):
         zero = j * nz
@@ -1834,7 +1894,8 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
             st = _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
             st = warpgroup_mma_wait(0, deps=(st, ))
             mbarrier.arrive(empty.index(2 * s + 1 - WG), count=1)  # the other group's half: my scores are done
-        p, alpha, m_i, l_i = _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N, KEY)
+        p, alpha, m_i, l_i = _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N, KEY,
+                                             LEAN_SOFTMAX, red)
         acc0 = acc0 * alpha[None, :]
         acc1 = acc1 * alpha[None, :]
         acc2 = acc2 * alpha[None, :]
@@ -1857,6 +1918,7 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
 
     if WG == 0:
         _cta_mark(Timeline, 4, TIMELINE)
+    l_i = _swapab_row_sums(l_i, LEAN_SOFTMAX)
     _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0,
                      qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                      stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE, num_kv_splits)
@@ -1990,6 +2052,7 @@ def _verify_stage1_swapab(
     CP_WORLD: gl.constexpr = 1, CP_INTERLEAVE: gl.constexpr = 1,
     Qo_Indptr=None, num_rows=None, VARLEN: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
     ALT_BLOCKS: gl.constexpr = False, BALANCE: gl.constexpr = 0, SPLIT_SCORES: gl.constexpr = False,
+    LEAN_SOFTMAX: gl.constexpr = 0,  # the softmax's reductions off the block's chain (``_swapab_softmax``)
     Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
@@ -1997,7 +2060,9 @@ def _verify_stage1_swapab(
     first of its one 64-row block. An fp8 cache runs the staging converter partition. ALT_BLOCKS:
     the groups take alternate blocks, each with all of O^T (``_consumer_swapab_blocks``), instead
     of every block's scores for half of O^T each. SPLIT_SCORES (bf16, not with ALT_BLOCKS): each
-    group the scores over its ring half's columns, the partials summed through shared memory."""
+    group the scores over its ring half's columns, the partials summed through shared memory.
+    LEAN_SOFTMAX (bf16, not with ALT_BLOCKS): 1 the rows' sums reduced once after the loop, 2 and the
+    row max with one group barrier a block (``_swapab_softmax``)."""
     _launch_dependents(LAUNCH_DEPENDENTS)
     _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
@@ -2011,6 +2076,7 @@ def _verify_stage1_swapab(
     KV_FP8: gl.constexpr = k_desc.dtype.is_fp8()
     gl.static_assert(ROWS == 16 or ROWS == 32)
     gl.static_assert(not SPLIT_SCORES or not (KV_FP8 or ALT_BLOCKS))
+    gl.static_assert(LEAN_SOFTMAX == 0 or not (KV_FP8 or ALT_BLOCKS))
     q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # [stage * 2 + half]
@@ -2045,13 +2111,17 @@ def _verify_stage1_swapab(
         ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
         mbarrier.invalidate(x_bar)
     else:
+        if LEAN_SOFTMAX >= 2:  # each group's 4 warps' partial row maxima (_swapab_col_max)
+            red_smem = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        else:
+            red_smem = sp_smem  # unread (a partition's arguments cannot be None)
         gl.warp_specialize([
             (_consumer_swapab, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS, Timeline,
-                                TIMELINE, SPLIT_SCORES)),
+                                TIMELINE, SPLIT_SCORES, LEAN_SOFTMAX, red_smem)),
             (_consumer_swapab, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS, Timeline,
-                                TIMELINE, SPLIT_SCORES)),
+                                TIMELINE, SPLIT_SCORES, LEAN_SOFTMAX, red_smem)),
             (_fill_swapab, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,

@@ -115,6 +115,11 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # through Q's unread shared rows (gluon_kernels._exchange_scores), so each K and Q tile is
     # read by one group instead of both. Passed to the kernel only when it applies.
     "SPLIT_SCORES": 0,
+    # "swapab" with a bf16 cache, not with SWAPAB_BLOCKS: the softmax's reductions over a block's
+    # keys (the wgmma's M, across the group's 4 warps) off the block's chain: 1 the rows' sums
+    # kept per key and reduced once after the loop; 2 and the row max with one group barrier
+    # (gluon_kernels._swapab_softmax). Passed to the kernel only when it applies.
+    "LEAN_SOFTMAX": 0,
     # balanced splits (``splits.py``; the config keys of ``configs.py``): 0, or b >= 2. Passed
     # to the kernel only when set and the launch has splits.
     "BALANCE": 0,
@@ -312,6 +317,8 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         extra = {"ROWS": 16 if qlen * num_heads <= 16 else 32, "ALT_BLOCKS": bool(c["SWAPAB_BLOCKS"])}
         if c["SPLIT_SCORES"] and not fp8 and not c["SWAPAB_BLOCKS"]:
             extra["SPLIT_SCORES"] = True
+        if c["LEAN_SOFTMAX"] and not fp8 and not c["SWAPAB_BLOCKS"]:
+            extra["LEAN_SOFTMAX"] = int(c["LEAN_SOFTMAX"])
     if c["STAGE_OUT"] and kernel not in (_gk._verify_stage1_ws, _gk._verify_stage1_swapab):
         extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
