@@ -45,10 +45,10 @@
 #                                           # SWAPAB_BLOCKS) and the seesaw, one request in one CTA
 #                                           # of 2-16 blocks (kt_one_*.json), the A/B at B 8-24 and
 #                                           # M2 (ab_fewrows.json)
-#   bash benchmarks/h200_session.sh lean    # swap-AB with LEAN_SOFTMAX 1 / 2: the GPU tests of
-#                                           # the swap-AB schedules, one request in one CTA of
-#                                           # 2, 8 and 16 blocks (kt_one_*.json), the A/B at M2
-#                                           # and the swap-AB table shapes (ab_lean.json)
+#   bash benchmarks/h200_session.sh lean    # swap-AB with LEAN_SOFTMAX 1 / 2: the A/B at M2 and
+#                                           # the swap-AB table shapes (ab_lean.json), the GPU
+#                                           # tests of the swap-AB schedules, one request in one
+#                                           # CTA of 2, 8 and 16 blocks (kt_one_lean*.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -215,17 +215,18 @@ fewrows() {  # requests of <= 32 rows (H16 q1 / q2): the schedules' rate per CTA
     --rounds 3 --json "$OUT/ab_fewrows.json" 2>&1 | tail -40
 }
 
-lean() {  # the swap-AB softmax's reductions off the block's chain (LEAN_SOFTMAX)
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" tests/test_gluon_verify.py \
-    -k "swapab or lean" 2>&1 | tee "$OUT/gpu_tests_lean.txt" | tail -4
-  local v
-  for v in 0 1 2; do  # one request, one CTA: the slope over 2, 8, 16 blocks is a block's period
-    kt "one_lean$v" "{\"family\": \"gluon\", \"SCHEDULE\": \"swapab\", \"LEAN_SOFTMAX\": $v, \"SPLIT_WORK\": 1000000}" \
-      equal --case 16,2,1,128 16,2,1,512 16,2,1,1024
-  done
+lean() {  # the swap-AB softmax's reductions off the block's chain (LEAN_SOFTMAX): the A/B first
+  # (it checks each variant against the reference), then the GPU tests, then one request's CTA
   timeout 200 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,1,32,4096 16,2,128,4096 \
     16,2,16,32768 32,1,32,4096 --variant '{}' '{"LEAN_SOFTMAX": 1}' '{"LEAN_SOFTMAX": 2}' \
     '{"LEAN_SOFTMAX": 2, "SPLIT_SCORES": 1}' --rounds 3 --json "$OUT/ab_lean.json" 2>&1 | tail -30
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" tests/test_gluon_verify.py \
+    -k "swapab or lean" 2>&1 | tee "$OUT/gpu_tests_lean.txt" | tail -4
+  local v
+  for v in 0 2; do  # one request, one CTA: the slope over 2, 8, 16 blocks is a block's period
+    kt "one_lean$v" "{\"family\": \"gluon\", \"SCHEDULE\": \"swapab\", \"LEAN_SOFTMAX\": $v, \"SPLIT_WORK\": 1000000}" \
+      equal --case 16,2,1,128 16,2,1,512 16,2,1,1024
+  done
 }
 
 balance() {  # the A/Bs first (each checks its variants against the reference before timing)
