@@ -49,6 +49,9 @@
 #                                           # the swap-AB table shapes (ab_lean.json), the GPU
 #                                           # tests of the swap-AB schedules, one request in one
 #                                           # CTA of 2, 8 and 16 blocks (kt_one_lean*.json)
+#   bash benchmarks/h200_session.sh leangrid # LEAN_SOFTMAX 1 / 2 against the table at the grid's
+#                                           # swap-AB points and at B 8 / 16, two runs in two
+#                                           # processes (ab_lean_grid_run1.json, _run2.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -229,6 +232,16 @@ lean() {  # the swap-AB softmax's reductions off the block's chain (LEAN_SOFTMAX
   done
 }
 
+leangrid() {  # the table's swap-AB launches (bf16 H16 q1 / q2 from 129 rows, H32 q1) with LEAN_SOFTMAX
+  local run
+  for run in 1 2; do
+    timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,1,32,4096 16,1,128,4096 \
+      16,2,128,4096 16,1,16,32768 16,2,16,32768 16,2,8,4096 16,2,16,4096 32,1,32,4096 \
+      --variant '{}' '{"LEAN_SOFTMAX": 1}' '{"LEAN_SOFTMAX": 2}' --rounds 3 \
+      --json "$OUT/ab_lean_grid_run$run.json" 2>&1 | tail -36
+  done
+}
+
 balance() {  # the A/Bs first (each checks its variants against the reference before timing)
   ab() {  # $1 spread|equal, $2 file tag; PYTHONPATH may put another tree's mla_ops first
     timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 M3 M4 M7 --case 16,2,16,32768 \
@@ -269,9 +282,10 @@ timeline) timeline ;;
 splitscores) splitscores ;;
 fewrows) fewrows ;;
 lean) lean ;;
+leangrid) leangrid ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|fewrows|lean|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|fewrows|lean|leangrid|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac
