@@ -52,6 +52,11 @@
 #   bash benchmarks/h200_session.sh leangrid # LEAN_SOFTMAX 1 / 2 against the table at the grid's
 #                                           # swap-AB points and at B 8 / 16, two runs in two
 #                                           # processes (ab_lean_grid_run1.json, _run2.json)
+#   bash benchmarks/h200_session.sh leanbw  # LEAN_SOFTMAX where each CTA's share of HBM is the
+#                                           # H200's at M2 even on an H100: one split per request,
+#                                           # 64-128 CTAs of 16 blocks (ab_lean_bw.json), one
+#                                           # request's CTA alone with 1 and 2 + SPLIT_SCORES
+#                                           # (kt_one_*_equal.json), then leangrid's run 1
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -242,6 +247,21 @@ leangrid() {  # the table's swap-AB launches (bf16 H16 q1 / q2 from 129 rows, H3
   done
 }
 
+leanbw() {  # a CTA's block period where HBM does not set it: on an H100 (3.0 TB/s) 64-96 CTAs
+  # get the share per CTA that the H200's 4.3 TB/s gives M2's 128; the table's points after
+  timeout 150 python3 benchmarks/ab_decode_verify.py --case 16,2,64,1024 16,2,96,1024 16,2,128,1024 \
+    --variant '{"splits": 1}' '{"splits": 1, "LEAN_SOFTMAX": 1}' '{"splits": 1, "LEAN_SOFTMAX": 2}' \
+    '{"splits": 1, "LEAN_SOFTMAX": 2, "SPLIT_SCORES": 1}' --rounds 3 --json "$OUT/ab_lean_bw.json" 2>&1 | tail -24
+  kt one_lean1 '{"family": "gluon", "SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "SPLIT_WORK": 1000000}' \
+    equal --case 16,2,1,128 16,2,1,512 16,2,1,1024
+  kt one_lean2split '{"family": "gluon", "SCHEDULE": "swapab", "LEAN_SOFTMAX": 2, "SPLIT_SCORES": 1, "SPLIT_WORK": 1000000}' \
+    equal --case 16,2,1,128 16,2,1,512 16,2,1,1024
+  timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,1,32,4096 16,1,128,4096 \
+    16,2,128,4096 16,1,16,32768 16,2,16,32768 16,2,8,4096 16,2,16,4096 32,1,32,4096 \
+    --variant '{}' '{"LEAN_SOFTMAX": 1}' '{"LEAN_SOFTMAX": 2}' --rounds 3 \
+    --json "$OUT/ab_lean_grid_run1.json" 2>&1 | tail -36
+}
+
 balance() {  # the A/Bs first (each checks its variants against the reference before timing)
   ab() {  # $1 spread|equal, $2 file tag; PYTHONPATH may put another tree's mla_ops first
     timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 M3 M4 M7 --case 16,2,16,32768 \
@@ -283,9 +303,10 @@ splitscores) splitscores ;;
 fewrows) fewrows ;;
 lean) lean ;;
 leangrid) leangrid ;;
+leanbw) leanbw ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|fewrows|lean|leangrid|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac
