@@ -57,11 +57,6 @@
 #                                           # 64-128 CTAs of 16 blocks (ab_lean_bw.json), one
 #                                           # request's CTA alone with 1 and 2 + SPLIT_SCORES
 #                                           # (kt_one_*_equal.json), then leangrid's run 1
-#   bash benchmarks/h200_session.sh ring    # swap-AB on the ring in thirds (SWAPAB_RING): its GPU
-#                                           # tests (gpu_tests_ring.txt), the A/B at 64-128
-#                                           # streaming CTAs of one split and at the table's
-#                                           # swap-AB points (ab_ring_bw.json, ab_ring_grid.json),
-#                                           # one request's CTA alone (kt_one_ring7_equal.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -267,23 +262,6 @@ leanbw() {  # a CTA's block period where HBM does not set it: on an H100 (3.0 TB
     --json "$OUT/ab_lean_grid_run1.json" 2>&1 | tail -36
 }
 
-ring() {  # the GPU tests first (a wrong phase hangs: each step has its timeout)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" tests/test_gluon_verify.py \
-    -k "ring" 2>&1 | tee "$OUT/gpu_tests_ring.txt" | tail -6
-  grep -q " passed" "$OUT/gpu_tests_ring.txt" && ! grep -q "failed\|error" "$OUT/gpu_tests_ring.txt" \
-    || { echo "ring: GPU tests not green, no timing"; return 1; }
-  local v='"SWAPAB_RING": 7'
-  timeout 150 python3 benchmarks/ab_decode_verify.py --case 16,2,64,1024 16,2,96,1024 16,2,128,1024 \
-    --variant '{"splits": 1}' "{\"splits\": 1, $v}" "{\"splits\": 1, \"LEAN_SOFTMAX\": 2}" \
-    "{\"splits\": 1, \"LEAN_SOFTMAX\": 2, $v}" --rounds 3 --json "$OUT/ab_ring_bw.json" 2>&1 | tail -24
-  timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,1,32,4096 16,1,128,4096 \
-    16,2,128,4096 16,2,16,32768 16,2,8,4096 32,1,32,4096 \
-    --variant '{}' "{$v}" "{\"LEAN_SOFTMAX\": 1, $v}" "{\"LEAN_SOFTMAX\": 2, $v}" --rounds 3 \
-    --json "$OUT/ab_ring_grid.json" 2>&1 | tail -36
-  kt one_ring7 "{\"family\": \"gluon\", \"SCHEDULE\": \"swapab\", $v, \"SPLIT_WORK\": 1000000}" \
-    equal --case 16,2,1,128 16,2,1,512 16,2,1,1024
-}
-
 balance() {  # the A/Bs first (each checks its variants against the reference before timing)
   ab() {  # $1 spread|equal, $2 file tag; PYTHONPATH may put another tree's mla_ops first
     timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 M3 M4 M7 --case 16,2,16,32768 \
@@ -326,10 +304,9 @@ fewrows) fewrows ;;
 lean) lean ;;
 leangrid) leangrid ;;
 leanbw) leanbw ;;
-ring) ring ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|ring|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac

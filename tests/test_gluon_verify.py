@@ -135,9 +135,6 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs["SPLIT_SCORES"] = True
     if "-lean" in schedule:  # the softmax's reductions off the block's chain (LEAN_SOFTMAX 1 / 2)
         constexprs["LEAN_SOFTMAX"] = int(schedule.split("-lean")[1][0])
-    if "-ring" in schedule:  # the ring in thirds (RING n) and Q's R-row boxes
-        constexprs["RING"] = int(schedule.split("-ring")[1][0])
-        sig["qr_desc"] = tensordesc([constexprs["ROWS"] // head_box, head_box, 64], "bf16", gl.bfloat16)
     if schedule == "swapab-blocks":  # the groups take alternate blocks (the config's SWAPAB_BLOCKS)
         constexprs["ALT_BLOCKS"] = True
     if schedule == "alt-qkfirst":
@@ -214,11 +211,6 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, single, False, Fals
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, single, False, False)
              for sched, single in (("swapab-lean1", False), ("swapab-lean2", False), ("swapab-lean2-16", True),
                                    ("swapab-split-lean2", False))]
-# Swap-AB on the ring in thirds (SWAPAB_RING, bf16 only): 7 thirds at R 32 with splits, with
-# LEAN_SOFTMAX 2, and 8 at R 16 with one split.
-VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, single, False, False)
-             for sched, single in (("swapab-ring7", False), ("swapab-ring7-lean2", False),
-                                   ("swapab-ring8-16", True))]
 # The handovers between the consumer groups on named barriers (NAMED_EXCHANGE), in the table's
 # forms of the two schedules that hand over: the seesaw at H128 (one split) and H16 (splits),
 # fp8 alt at H128.
@@ -245,7 +237,7 @@ BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", T
               ("seesaw-prod", True, 128), ("swapab-blocks", True, 16),
               ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128),
               ("alt-bal", False, 16), ("swapab-tl", False, 16), ("swapab-split", False, 16),
-              ("swapab-lean2", False, 16), ("swapab-ring7-lean2", False, 16)}
+              ("swapab-lean2", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -289,7 +281,6 @@ MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32
              ("swapab-split", False): 8, ("swapab-split16", False): 8,
              ("swapab-lean1", False): 8, ("swapab-lean2", False): 8, ("swapab-lean2-16", False): 8,
              ("swapab-split-lean2", False): 8,
-             ("swapab-ring7", False): 8, ("swapab-ring7-lean2", False): 8, ("swapab-ring8-16", False): 8,
              ("swapab-blocks", False): 48, ("swapab-blocks", True): 104}
 # (alt-early fp8, the converter partition's kernel: H16 60 bytes, H128 one split 72; in the SASS
 # of H128 the first group and the converter reload nothing inside their loops, the second group
@@ -479,33 +470,6 @@ def test_lean_softmax_reaches_the_bf16_swapab_kernel_only(qlen, cfg, fp8, passed
     assert kw.get("LEAN_SOFTMAX") == (key if key and passed else None)
 
 
-@pytest.mark.parametrize("qlen,cfg,fp8,passed", [
-    (2, {}, False, True), (1, {}, False, True), (2, {"LEAN_SOFTMAX": 2}, False, True),
-    (2, {"SPLIT_SCORES": 1}, False, None), (2, {"SWAPAB_BLOCKS": 1}, False, None), (2, {}, True, None),
-    (3, {}, False, None)])
-@pytest.mark.parametrize("key", [0, 5])
-def test_swapab_ring_reaches_the_bf16_swapab_kernel_only(qlen, cfg, fp8, passed, key, monkeypatch):
-    """SWAPAB_RING is passed, as RING with Q's R-row descriptor (boxes of the request's rows:
-    16 at H16 qlen 1, 32 at qlen 2), to the swap-AB kernel of a bf16 cache without SWAPAB_BLOCKS
-    or SPLIT_SCORES, only when set."""
-    fn, kw = _recorded_launch(qlen, 16, {"SCHEDULE": "swapab", "SWAPAB_RING": key, **cfg}, monkeypatch, fp8=fp8)
-    assert fn is (gla._gk._verify_stage1_swapab if qlen <= 2 else gla._gk._verify_stage1_alt)
-    assert kw.get("RING") == (key if key and passed else None)
-    if key and passed:
-        assert list(kw["qr_desc"].block_shape) == [qlen, 16, 64]
-        assert kw["ROWS"] == 16 * qlen
-    else:
-        assert "qr_desc" not in kw
-
-
-@pytest.mark.parametrize("qlen,ring", [(2, 2), (2, 8), (1, 9)])
-def test_swapab_ring_out_of_range_is_refused(qlen, ring, monkeypatch):
-    """A ring that cannot fit (or cannot hold one block's three thirds) is a ValueError that
-    names the key, before any launch."""
-    with pytest.raises(ValueError, match="SWAPAB_RING"):
-        _recorded_launch(qlen, 16, {"SCHEDULE": "swapab", "SWAPAB_RING": ring}, monkeypatch)
-
-
 @pytest.mark.parametrize("schedule,heads,qlen,kernel,named", [
     ("alt", 16, 4, "_verify_stage1_alt", True), ("seesaw", 128, 1, "_verify_stage1_seesaw", True),
     ("swapab", 16, 2, "_verify_stage1_swapab", None), ("redundant", 16, 4, "_verify_stage1_ws", None),
@@ -692,11 +656,6 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "swapab-lean1": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1},
              "swapab-lean2": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 2},
              "swapab-split-lean2": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "LEAN_SOFTMAX": 2},
-             # the same on the ring in thirds (bf16; fp8 runs plain swap-AB): 7 (the most at 32
-             # rows; 16 rows take 8), with the lean softmax, the fewest (3: one block's thirds)
-             "swapab-ring7": {"SCHEDULE": "swapab", "SWAPAB_RING": 7},
-             "swapab-ring7-lean2": {"SCHEDULE": "swapab", "SWAPAB_RING": 7, "LEAN_SOFTMAX": 2},
-             "swapab-ring3": {"SCHEDULE": "swapab", "SWAPAB_RING": 3},
              # the handovers between the consumer groups on named barriers (NAMED_EXCHANGE)
              "alt-named": {"SCHEDULE": "alt", "NAMED_EXCHANGE": 1},
              "alt-qkfirst-named": {"SCHEDULE": "alt", "QK_FIRST": 1, "NAMED_EXCHANGE": 1},
@@ -714,8 +673,7 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "swapab-balance": {"SCHEDULE": "swapab", "BALANCE": 2},
              "swapab-blocks-balance": {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1, "BALANCE": 3},
              "swapab-split-balance": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "BALANCE": 2},
-             "swapab-lean2-balance": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 2, "BALANCE": 2},
-             "swapab-ring7-balance": {"SCHEDULE": "swapab", "SWAPAB_RING": 7, "BALANCE": 2}}
+             "swapab-lean2-balance": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 2, "BALANCE": 2}}
 
 # Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
 # token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
@@ -741,8 +699,7 @@ def test_gluon_matches_reference(case, schedule):
 @pytest.mark.parametrize("case", SWAPAB_CASES, ids=[c[0] for c in SWAPAB_CASES])
 @pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-balance", "swapab-blocks-balance",
                                       "swapab-split", "swapab-split-balance", "swapab-lean1", "swapab-lean2",
-                                      "swapab-split-lean2", "swapab-lean2-balance", "swapab-ring7",
-                                      "swapab-ring7-lean2", "swapab-ring3", "swapab-ring7-balance"])
+                                      "swapab-split-lean2", "swapab-lean2-balance"])
 def test_gluon_swapab_matches_reference(case, schedule):
     _check_case(case, SCHEDULES[schedule])
 
@@ -783,7 +740,7 @@ def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
 @needs_hopper
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-blocks-balance", "swapab-split",
-                                      "swapab-lean2", "swapab-ring7-lean2"])
+                                      "swapab-lean2"])
 def test_gluon_swapab_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule], qlen=2)
 

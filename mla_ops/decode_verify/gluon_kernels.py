@@ -1926,182 +1926,6 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         _cta_mark(Timeline, 5, TIMELINE)
 
 
-# The swap-AB ring in thirds (``RING``, bf16, R <= 32 rows): a request of R rows reads only R
-# rows of Q, so Q is copied as R-row tiles (``qr_desc``: 36 KB at R 32 instead of 72 KB) and
-# the freed bytes hold a ring of RING units of 3 column tiles (24 KB) instead of two 72 KB
-# stages: block j's thirds (tiles 0-2, 3-5, 6-8) are ring units 3j, 3j + 1, 3j + 2 (slot
-# ``n % RING``), each with its ready and its empty barrier. At RING 7 (168 KB) four units are
-# refilled while a block is computed, against one 72 KB stage: 96 KB a CTA in flight under
-# HBM latency instead of 72. Each unit is released by its two readers: third 0 by group 1
-# after its scores and group 0 after its P.V (V tiles 0-3 are thirds 0 and 1), third 2 by
-# group 0 after its scores and group 1 after its P.V, third 1 by both after their P.V.
-
-
-@gluon.jit
-def _ring_slot(n, RING: gl.constexpr):
-    """Ring unit ``n``'s slot and the phase of its n // RING-th use."""
-    return n % RING, (n // RING) & 1
-
-
-@gluon.jit
-def _ring_index(s0, s1, s2, c: gl.constexpr):
-    """The ring tile of a block's column tile ``c`` (its thirds in slots s0, s1, s2)."""
-    U: gl.constexpr = c // 3
-    if U == 0:
-        s = s0
-    elif U == 1:
-        s = s1
-    else:
-        s = s2
-    return s * 3 + c % 3
-
-
-@gluon.jit
-def _ring_unit_scores(qr_smem, kv_smem, ready, s, ph, U: gl.constexpr, st, R: gl.constexpr,
-                      BLOCK_N: gl.constexpr):
-    """Issue third U's three score wgmmas (``S^T += K_c Q_c^T``) once its unit has landed."""
-    mbarrier.wait(ready.index(s), ph)
-    for t in gl.static_range(3):
-        st = warpgroup_mma(kv_smem.index(s * 3 + t).reshape([BLOCK_N, _DT]),
-                           qr_smem.index(3 * U + t).reshape([R, _DT]).permute((1, 0)), st, is_async=True)
-    return st
-
-
-@gluon.jit
-def _zero_v_tail_ring(kv_smem, s0, s1, s2, V0: gl.constexpr, n_valid, BLOCK_N: gl.constexpr):
-    """``_zero_v_tail`` over the ring in thirds: rows ``>= n_valid`` of V tiles V0 .. V0 + 3."""
-    TILE_L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    kk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, TILE_L))
-    keep = (kk < n_valid)[:, None]
-    for c in gl.static_range(4):
-        t = kv_smem.index(_ring_index(s0, s1, s2, V0 + c)).reshape([BLOCK_N, _DT])
-        x = t.load(TILE_L)
-        t.store(gl.where(keep, x, gl.zeros_like(x)))
-    fence_async_shared()
-
-
-@gluon.jit
-def _consumer_swapab_ring(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
-                          SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
-                          N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank,
-                          CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                          VARLEN: gl.constexpr, BALANCE: gl.constexpr, R: gl.constexpr, Timeline,
-                          TIMELINE: gl.constexpr, LEAN_SOFTMAX: gl.constexpr, red_smem, RING: gl.constexpr):
-    """``_consumer_swapab`` (bf16) on the ring in thirds: ``shared``'s Q is ``[N_DT, R-row
-    tile]``, its P tile ``[2 BLOCK_N, R]`` (the groups' P^T halves), the ring ``3 RING`` tiles."""
-    (qr_smem, kv_smem, pt_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
-     num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
-     stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
-    gl.static_assert(N_DT == 9)
-    MMA: gl.constexpr = _wgmma_layout(R)
-    RQ: gl.constexpr = gl.SliceLayout(0, MMA)
-    KEY: gl.constexpr = gl.SliceLayout(1, MMA)
-    V0: gl.constexpr = WG * 4
-    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked, qk_scale,
-     v_scale, k_req) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD,
-                              CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, False, RQ, R)
-    if WG == 0:
-        _cta_mark(Timeline, 3, TIMELINE)
-    pt = pt_smem.slice(WG * BLOCK_N, BLOCK_N)
-    acc0 = gl.zeros([_DT, R], gl.float32, MMA)
-    acc1 = gl.zeros([_DT, R], gl.float32, MMA)
-    acc2 = gl.zeros([_DT, R], gl.float32, MMA)
-    acc3 = gl.zeros([_DT, R], gl.float32, MMA)
-    if LEAN_SOFTMAX >= 1:
-        l_i = gl.zeros([BLOCK_N, R], gl.float32, MMA)
-    else:
-        l_i = gl.zeros([R], gl.float32, RQ)
-    m_i = gl.full([R], float("-inf"), gl.float32, RQ)
-    if LEAN_SOFTMAX >= 2:
-        red = red_smem.index(WG)
-    else:
-        red = None
-    for j in range(n_blocks):
-        start = split_start + j * BLOCK_N
-        s0, p0 = _ring_slot(3 * j, RING)
-        s1, p1 = _ring_slot(3 * j + 1, RING)
-        s2, p2 = _ring_slot(3 * j + 2, RING)
-        st = gl.zeros([BLOCK_N, R], gl.float32, MMA)
-        st = _ring_unit_scores(qr_smem, kv_smem, ready, s0, p0, 0, st, R, BLOCK_N)
-        st = _ring_unit_scores(qr_smem, kv_smem, ready, s1, p1, 1, st, R, BLOCK_N)
-        st = _ring_unit_scores(qr_smem, kv_smem, ready, s2, p2, 2, st, R, BLOCK_N)
-        st = warpgroup_mma_wait(0, deps=(st, ))
-        # the third only my scores read: group 0 reads V from thirds 0-1, group 1 from 1-2
-        if WG == 0:
-            mbarrier.arrive(empty.index(s2), count=1)
-        else:
-            mbarrier.arrive(empty.index(s0), count=1)
-        p, alpha, m_i, l_i = _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N, KEY,
-                                             LEAN_SOFTMAX, red)
-        acc0 = acc0 * alpha[None, :]
-        acc1 = acc1 * alpha[None, :]
-        acc2 = acc2 * alpha[None, :]
-        acc3 = acc3 * alpha[None, :]
-        if start + BLOCK_N > kv_end:  # as in _consumer_swapab: 0 * NaN past the end
-            _zero_v_tail_ring(kv_smem, s0, s1, s2, V0, kv_end - start, BLOCK_N)
-        pt.store(p.to(pt.dtype))
-        fence_async_shared()
-        _barrier()  # every warp's P^T rows written before the wgmmas read them
-        t0 = warpgroup_mma(kv_smem.index(_ring_index(s0, s1, s2, V0 + 0)).reshape([BLOCK_N, _DT]).permute((1, 0)),
-                           pt, acc0, is_async=True)
-        t1 = warpgroup_mma(kv_smem.index(_ring_index(s0, s1, s2, V0 + 1)).reshape([BLOCK_N, _DT]).permute((1, 0)),
-                           pt, acc1, is_async=True)
-        t2 = warpgroup_mma(kv_smem.index(_ring_index(s0, s1, s2, V0 + 2)).reshape([BLOCK_N, _DT]).permute((1, 0)),
-                           pt, acc2, is_async=True)
-        t3 = warpgroup_mma(kv_smem.index(_ring_index(s0, s1, s2, V0 + 3)).reshape([BLOCK_N, _DT]).permute((1, 0)),
-                           pt, acc3, is_async=True)
-        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
-        mbarrier.arrive(empty.index(s1), count=1)  # both groups' V tiles
-        if WG == 0:
-            mbarrier.arrive(empty.index(s0), count=1)
-        else:
-            mbarrier.arrive(empty.index(s2), count=1)
-
-    if WG == 0:
-        _cta_mark(Timeline, 4, TIMELINE)
-    l_i = _swapab_row_sums(l_i, LEAN_SOFTMAX)
-    _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0,
-                     qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
-                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE, num_kv_splits)
-    if WG == 0:
-        _cta_mark(Timeline, 5, TIMELINE)
-
-
-@gluon.jit
-def _producer_swapab_ring(qr_desc, k_desc, qr_smem, kv_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
-                          Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
-                          TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
-                          MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
-                          CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                          VARLEN: gl.constexpr, BALANCE: gl.constexpr, RING: gl.constexpr):
-    """1 warp: Q's R rows as 9 tiles (``qr_desc``), then each block's thirds into ring units
-    ``3 i .. 3 i + 2``, each as soon as its slot's previous unit is released."""
-    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, False, BALANCE)
-    if n_blocks > 0:
-        q_tok = _first_row(row_base, qlen, VARLEN) + tok0
-        mbarrier.expect(q_bar, N_DT * qr_desc.block_type.nbytes)
-        for c in gl.static_range(N_DT):
-            tma.async_load(qr_desc, [q_tok, head0, c * _DT], q_bar, qr_smem.index(c))
-    req_row = pid_b.to(gl.int64) * stride_req_b
-    page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
-    for i in range(n_blocks):
-        start = split_start + i * BLOCK_N
-        page_next = gl.load(Req_to_Token + req_row + (start + BLOCK_N) // page_size,
-                            mask=i + 1 < n_blocks, other=0)
-        tok = start % page_size
-        for u in gl.static_range(3):
-            s, ph = _ring_slot(3 * i + u, RING)
-            mbarrier.wait(empty.index(s), ph ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, 3 * k_desc.block_type.nbytes)
-            for t in gl.static_range(3):
-                tma.async_load(k_desc, [page, tok, (3 * u + t) * _DT], bar, kv_smem.index(s * 3 + t))
-        page = page_next
-
-
 @gluon.jit
 def _x_tile(kv_smem, WG: gl.constexpr, t: gl.constexpr, R: gl.constexpr):
     """The fp32 ``[64, R]`` shared tile where group WG leaves O^T tile ``t`` (0-3) of the other
@@ -2230,7 +2054,6 @@ def _verify_stage1_swapab(
     ALT_BLOCKS: gl.constexpr = False, BALANCE: gl.constexpr = 0, SPLIT_SCORES: gl.constexpr = False,
     LEAN_SOFTMAX: gl.constexpr = 0,  # the softmax's reductions off the block's chain (``_swapab_softmax``)
     Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
-    RING: gl.constexpr = 0, qr_desc=None,  # the ring in thirds (``_consumer_swapab_ring``) and Q's R-row boxes
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
     trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
@@ -2239,9 +2062,7 @@ def _verify_stage1_swapab(
     of every block's scores for half of O^T each. SPLIT_SCORES (bf16, not with ALT_BLOCKS): each
     group the scores over its ring half's columns, the partials summed through shared memory.
     LEAN_SOFTMAX (bf16, not with ALT_BLOCKS): 1 the rows' sums reduced once after the loop, 2 and the
-    row max with one group barrier a block (``_swapab_softmax``). RING (bf16, not with ALT_BLOCKS or
-    SPLIT_SCORES): the ring in RING units of a third of a block, Q copied as R-row tiles by
-    ``qr_desc`` (boxes ``[R / HEAD_BOX, HEAD_BOX, 64]``) to make room for it."""
+    row max with one group barrier a block (``_swapab_softmax``)."""
     _launch_dependents(LAUNCH_DEPENDENTS)
     _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
@@ -2256,95 +2077,6 @@ def _verify_stage1_swapab(
     gl.static_assert(ROWS == 16 or ROWS == 32)
     gl.static_assert(not SPLIT_SCORES or not (KV_FP8 or ALT_BLOCKS))
     gl.static_assert(LEAN_SOFTMAX == 0 or not (KV_FP8 or ALT_BLOCKS))
-    if RING:
-        gl.static_assert(not (KV_FP8 or ALT_BLOCKS or SPLIT_SCORES))
-        gl.static_assert(qr_desc.block_type.shape[0] * qr_desc.block_type.shape[1] == ROWS)
-        _swapab_ring_kernel(q_desc, qr_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse,
-                            K_Scale, stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh,
-                            stride_lm, stride_lh, num_kv_splits, qlen, num_heads, page_size, num_pages, kv_capacity,
-                            cp_rank, LV, LK, BLOCK_N, SPLIT_ALIGN, MIN_SPLIT_LEN, SINGLE, PRODUCER_REGS,
-                            CONSUMER_REGS, ROWS, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE,
-                            LEAN_SOFTMAX, Timeline, TIMELINE, RING)
-    else:
-        _swapab_pair_kernel(q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse,
-                            K_Scale, stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh,
-                            stride_lm, stride_lh, num_kv_splits, qlen, num_heads, page_size, num_pages, kv_capacity,
-                            cp_rank, LV, LK, BLOCK_N, NUM_STAGES, SPLIT_ALIGN, MIN_SPLIT_LEN, SINGLE, PRODUCER_REGS,
-                            CONSUMER_REGS, ROWS, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, ALT_BLOCKS,
-                            BALANCE, SPLIT_SCORES, LEAN_SOFTMAX, Timeline, TIMELINE, KV_FP8)
-    _cta_mark(Timeline, 1, TIMELINE)
-
-
-@gluon.jit
-def _swapab_ring_kernel(q_desc, qr_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse, K_Scale,
-                        stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm,
-                        stride_lh, num_kv_splits, qlen, num_heads, page_size, num_pages, kv_capacity, cp_rank,
-                        LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
-                        MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, ROWS: gl.constexpr, CP_WORLD: gl.constexpr,
-                        CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
-                        BALANCE: gl.constexpr, LEAN_SOFTMAX: gl.constexpr, Timeline, TIMELINE: gl.constexpr,
-                        RING: gl.constexpr):
-    """The body of ``_verify_stage1_swapab`` with RING: R-row Q tiles, the P^T tile of both
-    groups, the ring of RING thirds and its 2 x RING barriers; two consumer groups and the
-    producer warp."""
-    N_DT: gl.constexpr = LK // _DT
-    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
-    gl.static_assert(N_DT == 9 and LV == 8 * _DT)
-    DT: gl.constexpr = k_desc.dtype
-    qr_smem = gl.allocate_shared_memory(DT, [N_DT, qr_desc.block_type.shape[0], qr_desc.block_type.shape[1], _DT],
-                                     qr_desc.layout)
-    kv_smem = gl.allocate_shared_memory(DT, [3 * RING, 1, BLOCK_N, _DT], k_desc.layout)
-    PT_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * ROWS, element_bitwidth=16)
-    pt_smem = gl.allocate_shared_memory(DT, [2 * BLOCK_N, ROWS], PT_L)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(RING):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # a third's two readers (the section's comment)
-    if LEAN_SOFTMAX >= 2:
-        red_smem = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    else:
-        red_smem = pt_smem  # unread
-    shared = (qr_smem, kv_smem, pt_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
-              num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
-              stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s)
-    gl.warp_specialize([
-        (_consumer_swapab_ring, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, ROWS,
-                                 Timeline, TIMELINE, LEAN_SOFTMAX, red_smem, RING)),
-        (_consumer_swapab_ring, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
-                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, ROWS,
-                                 Timeline, TIMELINE, LEAN_SOFTMAX, red_smem, RING)),
-        (_producer_swapab_ring, (qr_desc, k_desc, qr_smem, kv_smem, q_bar, ready, empty, Req_to_Token, Seq_Lens,
-                                 Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity,
-                                 TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
-                                 CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, RING)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(RING):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
-
-
-@gluon.jit
-def _swapab_pair_kernel(q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse, K_Scale,
-                        stride_req_b, stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm,
-                        stride_lh, num_kv_splits, qlen, num_heads, page_size, num_pages, kv_capacity, cp_rank,
-                        LV: gl.constexpr, LK: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                        SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, SINGLE: gl.constexpr,
-                        PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROWS: gl.constexpr,
-                        CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                        VARLEN: gl.constexpr, ALT_BLOCKS: gl.constexpr, BALANCE: gl.constexpr,
-                        SPLIT_SCORES: gl.constexpr, LEAN_SOFTMAX: gl.constexpr, Timeline, TIMELINE: gl.constexpr,
-                        KV_FP8: gl.constexpr):
-    """The body of ``_verify_stage1_swapab`` on the two-stage ring of the pair schedules."""
-    N_DT: gl.constexpr = LK // _DT
-    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
     q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # [stage * 2 + half]
@@ -2400,6 +2132,7 @@ def _swapab_pair_kernel(q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_L
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
     _invalidate_converter_barriers(q_conv, staged, 6, KV_FP8)
+    _cta_mark(Timeline, 1, TIMELINE)
 
 
 # fp8 caches on the swap-AB schedule. The alt converter stages each fp8 half block in the ring

@@ -120,12 +120,6 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # kept per key and reduced once after the loop; 2 and the row max with one group barrier
     # (gluon_kernels._swapab_softmax). Passed to the kernel only when it applies.
     "LEAN_SOFTMAX": 0,
-    # "swapab" with a bf16 cache, not with SWAPAB_BLOCKS or SPLIT_SCORES: the KV ring as this many
-    # units of a third of a block (24 KB each; 3 to 7 at 32 rows, to 8 at 16), each with its
-    # barriers, in the room Q leaves when copied as R-row tiles, instead of two 72 KB stages:
-    # more of the next blocks in flight while one is computed (gluon_kernels._consumer_swapab_ring).
-    # 0: off. Passed to the kernel only when it applies.
-    "SWAPAB_RING": 0,
     # balanced splits (``splits.py``; the config keys of ``configs.py``): 0, or b >= 2. Passed
     # to the kernel only when set and the launch has splits.
     "BALANCE": 0,
@@ -234,17 +228,6 @@ def _descriptors(q, k_buffer, page_size, block_n):
     return q_desc, k_desc
 
 
-def _ring_args(q, ring: int, rows: int) -> dict:
-    """The swap-AB kernel's ``RING`` and ``qr_desc`` (q in boxes of the request's ``rows``):
-    Q's 9 R-row tiles, the P^T tile and ``ring`` thirds of 24 KB must fit the CTA's 227 KiB."""
-    most = 7 if rows == 32 else 8
-    if not 3 <= ring <= most:
-        raise ValueError(f"config: SWAPAB_RING must be 0 or 3..{most} at {rows} rows, got {ring}")
-    head_box = min(q.shape[1], 64)
-    return {"RING": ring,
-            "qr_desc": descriptor(q, q.shape, q.stride(), (rows // head_box, head_box, 64), gl.bfloat16)}
-
-
 _TIMELINE: list = [None]  # the buffer of an open ``cta_timeline``
 
 
@@ -336,8 +319,6 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
             extra["SPLIT_SCORES"] = True
         if c["LEAN_SOFTMAX"] and not fp8 and not c["SWAPAB_BLOCKS"]:
             extra["LEAN_SOFTMAX"] = int(c["LEAN_SOFTMAX"])
-        if c["SWAPAB_RING"] and not fp8 and not c["SWAPAB_BLOCKS"] and not c["SPLIT_SCORES"]:
-            extra.update(_ring_args(q, int(c["SWAPAB_RING"]), extra["ROWS"]))
     if c["STAGE_OUT"] and kernel not in (_gk._verify_stage1_ws, _gk._verify_stage1_swapab):
         extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
