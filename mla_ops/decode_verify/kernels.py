@@ -707,10 +707,6 @@ def _fwd_verify_stage2(
     HAS_TREE: tl.constexpr = False,  # as in stage 1
     BALANCE: tl.constexpr = 0,  # stage 1 balanced its splits (``splits.py``): every slot is written
 ):
-    if USE_PDL:
-        # Launched before stage 1 has finished (its launch latency hidden behind stage 1's
-        # tail); this waits until stage 1 completed and its writes are visible.
-        gdc_wait()
     pid_m = tl.program_id(0)  # token t of request b: b * QLEN + t (its q row, unless VARLEN)
     pid_h = tl.program_id(1)
     pid_d = tl.program_id(2)  # columns [pid_d * BLOCK_DV, (pid_d + 1) * BLOCK_DV) of o
@@ -746,6 +742,11 @@ def _fwd_verify_stage2(
     # Same chunking as stage 1; the row's splits are those starting below its limit, the
     # request's those starting below its last row's.
     p_mid = Mid + row.to(tl.int64) * stride_mid_m + pid_h * stride_mid_h
+    if USE_PDL:
+        # Launched before stage 1 has finished: the launch and everything above (the lengths'
+        # loads, the chunking: inputs stage 1 does not write) under stage 1's tail; this waits
+        # until stage 1 completed and its writes are visible, before the first read of Mid.
+        gdc_wait()
     if BALANCE:
         # Stage 1 wrote every slot's lse this step: a piece's, or -inf for a slot the request
         # does not use, or +inf in slot 1 of a request of one piece, which stage 1 wrote
