@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import inspect
 import math
 import sys
 from typing import Any, Callable
@@ -181,18 +180,6 @@ class Inputs:
     o: torch.Tensor
     lse: torch.Tensor
     workspaces: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
-    counters: list = dataclasses.field(default_factory=list)
-
-    def merge_counters(self, api: "Api") -> dict:
-        """``{"merge_counters": zeros [2*B] int32}`` where this tree's launcher takes them (an
-        older tree's, in an A/B, does not), as a plan passes them: a config with
-        ``INLINE_MERGE`` then merges in stage 1."""
-        if "merge_counters" not in inspect.signature(api.decode_attention_fwd_verify).parameters:
-            return {}
-        if not self.counters:
-            self.counters.append(torch.zeros(2 * self.seq_lens.shape[0], dtype=torch.int32,
-                                             device=self.q.device))
-        return {"merge_counters": self.counters[0]}
 
     def attn_logits(self, splits: int) -> torch.Tensor | None:
         if splits == 1:
@@ -248,14 +235,13 @@ def make_baseline_inputs(case: Case, inp: Inputs) -> Inputs:
     return dataclasses.replace(
         inp, req_to_token=inp.req_to_token.repeat_interleave(case.qlen, dim=0).contiguous(),
         seq_lens=torch.tensor(lens, dtype=torch.int32, device=inp.q.device),
-        o=torch.empty_like(inp.o), lse=torch.empty_like(inp.lse), workspaces={}, counters=[])
+        o=torch.empty_like(inp.o), lse=torch.empty_like(inp.lse), workspaces={})
 
 
 def make_call(api: Api, inp: Inputs, qlen: int, splits: int, sm_scale: float, page_size: int,
               overrides: dict | None, kv_index: int | None = None) -> Callable[[], None]:
     """``fn()`` running the kernel once per cache copy (or on copy ``kv_index`` only)."""
     kw = {"config": dict(overrides)} if overrides else {}
-    kw.update(inp.merge_counters(api))
     logits = inp.attn_logits(splits)
     kvs = inp.kv if kv_index is None else [inp.kv[kv_index]]
 

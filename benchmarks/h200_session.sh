@@ -57,10 +57,6 @@
 #                                           # 64-128 CTAs of 16 blocks (ab_lean_bw.json), one
 #                                           # request's CTA alone with 1 and 2 + SPLIT_SCORES
 #                                           # (kt_one_*_equal.json), then leangrid's run 1
-#   bash benchmarks/h200_session.sh merge   # swap-AB merging its splits in stage 1 (INLINE_MERGE):
-#                                           # its GPU tests (gpu_tests_merge.txt), the A/B at the
-#                                           # table's swap-AB split points and short lengths
-#                                           # (ab_merge.json), M2's per-kernel times (kt_merge_*.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -284,18 +280,6 @@ balance() {  # the A/Bs first (each checks its variants against the reference be
   ab equal equal
 }
 
-merge() {  # the GPU tests first (a counter left nonzero or a wrong last arrival fails them)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" tests/test_gluon_verify.py \
-    -k "merge" 2>&1 | tee "$OUT/gpu_tests_merge.txt" | tail -4
-  grep -q " passed" "$OUT/gpu_tests_merge.txt" && ! grep -q "failed\|error" "$OUT/gpu_tests_merge.txt" \
-    || { echo "merge: GPU tests not green, no timing"; return 1; }
-  timeout 200 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,1,32,4096 16,1,128,4096 \
-    16,2,128,4096 16,1,16,32768 16,2,16,32768 16,2,8,4096 16,2,16,4096 16,2,32,512 16,2,32,1024 32,1,32,4096 \
-    --variant '{}' '{"INLINE_MERGE": 1}' --rounds 3 --json "$OUT/ab_merge.json" 2>&1 | tail -34
-  kt table '{}' equal --shape M2 --case 16,2,32,1024
-  kt merge '{"INLINE_MERGE": 1}' equal --shape M2 --case 16,2,32,1024
-}
-
 abtree() {
   base=${AB_BASE:-.ab_base}
   [ -f "$base/mla_ops/__init__.py" ] || { echo "no $base/mla_ops: carry it (run tool: carry)"; return 2; }
@@ -313,7 +297,6 @@ eager) eager ;;
 e2e) e2e ;;
 flashmla) flashmla ;;
 abtree) abtree ;;
-merge) merge ;;
 balance) balance ;;
 timeline) timeline ;;
 splitscores) splitscores ;;
@@ -324,6 +307,6 @@ leanbw) leanbw ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|merge|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac

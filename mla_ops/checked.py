@@ -102,19 +102,13 @@ def local_length(n: torch.Tensor, cp_world: int, cp_rank: int, cp_interleave: in
 def validate_decode_verify(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens,
                            qlen, attn_logits, num_kv_splits, sm_scale, page_size, k_scale=None,
                            cp_world=1, cp_rank=0, cp_interleave=1, qo_indptr=None,
-                           tree_mask=None, merge_counters=None) -> None:
+                           tree_mask=None) -> None:
     """Lengths non-negative, ``real_seq_lens <= seq_lens``, lengths within the block table,
     every page a request's length touches inside the cache; ``qo_indptr`` from 0,
     non-decreasing, each request at most ``qlen`` rows, ending within q's rows; no
-    ``tree_mask`` bit at or past its request's draft count; ``merge_counters`` all zero (every
-    launch leaves them so). Arguments already spec-checked."""
+    ``tree_mask`` bit at or past its request's draft count. Arguments already spec-checked."""
     _refuse_capture("decode_verify", q.device)
     batch = seq_lens.shape[0]
-    if merge_counters is not None:
-        nonzero = int(torch.count_nonzero(merge_counters[: 2 * batch]))
-        if nonzero:
-            raise ValueError(f"merge_counters: expected zeros (each launch leaves them zero), got "
-                             f"{nonzero} nonzero of the first {2 * batch}")
     if qo_indptr is not None:
         _validate_qo_indptr(qo_indptr, qlen, q.shape[0])
     if tree_mask is not None:

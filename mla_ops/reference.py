@@ -283,8 +283,7 @@ def context_attention_ref(
 
 def decode_verify_op_ref(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens,
                          qlen, attn_logits, num_kv_splits, sm_scale, page_size, k_scale=None,
-                         cp_world=1, cp_rank=0, cp_interleave=1, qo_indptr=None, tree_mask=None,
-                         merge_counters=None):
+                         cp_world=1, cp_rank=0, cp_interleave=1, qo_indptr=None, tree_mask=None):
     """The CPU kernel of ``mla::decode_verify``: checks the arguments and, since it synchronises
     anyway, the data (:mod:`mla_ops.checked`), then writes the rows of every request of ``o``
     and ``lse`` (with ``qo_indptr``, rows from ``qo_indptr[B]`` on are left as they were)."""
@@ -292,7 +291,7 @@ def decode_verify_op_ref(q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, 
 
     args = (q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
             attn_logits, num_kv_splits, sm_scale, page_size, k_scale, cp_world, cp_rank,
-            cp_interleave, qo_indptr, tree_mask, merge_counters)
+            cp_interleave, qo_indptr, tree_mask)
     spec.python_checks()["decode_verify"](*args)
     checked.validate_decode_verify(*args)
     out, out_lse = decode_verify_ref(q, k_buffer, v_buffer.shape[-1], req_to_token, seq_lens,

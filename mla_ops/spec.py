@@ -215,7 +215,7 @@ DECODE_VERIFY = OpSpec(
     "Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, "
     "Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, "
     "Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, "
-    "Tensor? qo_indptr=None, Tensor? tree_mask=None, Tensor(d!)? merge_counters=None) -> ()",
+    "Tensor? qo_indptr=None, Tensor? tree_mask=None) -> ()",
     _rules(
         tensor("q", 3, "ACT", inner=True),
         _cache_rules("q"),
@@ -277,16 +277,8 @@ DECODE_VERIFY = OpSpec(
               "tree_mask: draft trees are not supported with context parallelism (cp_world="
               "{cp_world}): a rank's local keys are not its request's draft positions; verify "
               "trees on one GPU", when="tree_mask is not None"),
-        # The in-kernel merge's arrival counters (two per request), zero before a launch and
-        # after it: the launcher may merge the splits in stage 1 instead of a second kernel.
-        tensor("merge_counters", 1, "INT32", inner=True, optional=True),
-        let("n_counters", "2 * batch"),
-        check("merge_counters.shape[0] >= n_counters",
-              "merge_counters: expected at least 2 * B = {n_counters} int32 counters, got shape "
-              "{shape(merge_counters)}", when="merge_counters is not None"),
         same_device("q", "k_buffer", "v_buffer", "o", "lse", "req_to_token", "seq_lens",
-                    "real_seq_lens", "attn_logits", "k_scale", "qo_indptr", "tree_mask",
-                    "merge_counters"),
+                    "real_seq_lens", "attn_logits", "k_scale", "qo_indptr", "tree_mask"),
     ),
     returns=("batch", "heads", "Lk", "Lv"),
 )

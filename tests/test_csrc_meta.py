@@ -380,7 +380,7 @@ class TestSchemas(expecttest.TestCase):
         self.assertExpectedInline(
             "\n".join(f"mla::{name}{schema}" for name, schema in library.SCHEMAS.items()),
             """\
-mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, Tensor? qo_indptr=None, Tensor? tree_mask=None, Tensor(d!)? merge_counters=None) -> ()
+mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, Tensor? qo_indptr=None, Tensor? tree_mask=None) -> ()
 mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, bool varlen=False, bool has_tree=False) -> ()
 mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()
 mla::merge_attn_states(Tensor o_parts, Tensor lse_parts, Tensor(a!) o, Tensor(b!)? lse=None) -> ()
@@ -393,7 +393,7 @@ mla::rescale_attn_partial(Tensor o_part, Tensor lse_parts, int part, Tensor(a!) 
         self.assertExpectedInline(
             "\n".join(cpp["schemas"][name] for name in OPS),
             """\
-mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, Tensor? qo_indptr=None, Tensor? tree_mask=None, Tensor(d!)? merge_counters=None) -> ()
+mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, Tensor? qo_indptr=None, Tensor? tree_mask=None) -> ()
 mla::warmup_decode_verify(Tensor q, Tensor k_buffer, Tensor o, Tensor lse, Tensor req_to_token, bool has_real, int[] qlens, Tensor? attn_logits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, bool varlen=False, bool has_tree=False) -> ()
 mla::context_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor b_start_loc, Tensor b_seq_len, int max_input_len, bool is_causal=True, float? softmax_scale=None, int? sliding_window_q=None, int? sliding_window_k=None, Tensor? sinks=None) -> ()
 mla::merge_attn_states(Tensor o_parts, Tensor lse_parts, Tensor(a!) o, Tensor(b!)? lse=None) -> ()

@@ -50,8 +50,7 @@ def _table_configs() -> dict:
                    **{k: v for k, v in rule["config"].items() if k in gla.GLUON_DEFAULT_CONFIG}}
             key = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("SCHEDULE", "QK_FIRST", "EARLY_RELEASE",
                                                                                  "STAGE_ORDER", "STAGE_PRODUCERS",
-                                                                                 "STAGE_OUT", "LEAN_SOFTMAX",
-                                                                                 "INLINE_MERGE")))
+                                                                                 "STAGE_OUT")))
             out.setdefault(key, (f"rule{i}", cfg))
     return dict(out.values())
 
@@ -136,9 +135,6 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs["SPLIT_SCORES"] = True
     if "-lean" in schedule:  # the softmax's reductions off the block's chain (LEAN_SOFTMAX 1 / 2)
         constexprs["LEAN_SOFTMAX"] = int(schedule.split("-lean")[1][0])
-    if "-merge" in schedule:  # the request's last CTA merges the splits (INLINE_MERGE, 3-4 splits)
-        sig["Merge_Counters"] = "*i32"
-        constexprs.update(MERGE=True, MERGE_SPLITS=4)
     if schedule == "swapab-blocks":  # the groups take alternate blocks (the config's SWAPAB_BLOCKS)
         constexprs["ALT_BLOCKS"] = True
     if schedule == "alt-qkfirst":
@@ -215,10 +211,6 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, single, False, Fals
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, single, False, False)
              for sched, single in (("swapab-lean1", False), ("swapab-lean2", False), ("swapab-lean2-16", True),
                                    ("swapab-split-lean2", False))]
-# Swap-AB merging its splits in stage 1 (INLINE_MERGE with the op's merge_counters): R 32, and
-# R 16 with LEAN_SOFTMAX 1 (the table's bf16 form).
-VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, False, False, False)
-             for sched in ("swapab-merge", "swapab-lean1-merge16")]
 # The handovers between the consumer groups on named barriers (NAMED_EXCHANGE), in the table's
 # forms of the two schedules that hand over: the seesaw at H128 (one split) and H16 (splits),
 # fp8 alt at H128.
@@ -245,7 +237,7 @@ BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", T
               ("seesaw-prod", True, 128), ("swapab-blocks", True, 16),
               ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128),
               ("alt-bal", False, 16), ("swapab-tl", False, 16), ("swapab-split", False, 16),
-              ("swapab-lean2", False, 16), ("swapab-merge", False, 16)}
+              ("swapab-lean2", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -289,8 +281,7 @@ MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32
              ("swapab-split", False): 8, ("swapab-split16", False): 8,
              ("swapab-lean1", False): 8, ("swapab-lean2", False): 8, ("swapab-lean2-16", False): 8,
              ("swapab-split-lean2", False): 8,
-             ("swapab-blocks", False): 48, ("swapab-blocks", True): 104,
-             ("swapab-merge", False): 40, ("swapab-lean1-merge16", False): 16}
+             ("swapab-blocks", False): 48, ("swapab-blocks", True): 104}
 # (alt-early fp8, the converter partition's kernel: H16 60 bytes, H128 one split 72; in the SASS
 # of H128 the first group and the converter reload nothing inside their loops, the second group
 # about six words per block.)
@@ -302,9 +293,6 @@ MAX_SPILL = {("redundant", False): 0, ("redundant", True): 8, ("alt", False): 32
 # 2 converter warps per stage: 32 / 32, with STAGE_ORDER 100 / 88.)
 # (swapab-blocks: bf16 44 bytes, fp8 88-96, with eight O^T accumulators per group: the first
 # group reloads nothing inside its loop, the second one word per block, read in the SASS.)
-# (swapab-merge, the in-kernel merge's arguments live through the block loop: R 32 36 bytes,
-# group 0 reloading one word per block in its loop (SASS); R 16 with LEAN_SOFTMAX 1 16 bytes,
-# none reloaded in the loop.)
 # A context-parallel rank's kernel keeps a few more scalars (rank, local lengths): alt H16 spills
 # 40 bytes, stored before each group's block loop and reloaded after it (read in the SASS).
 CP_EXTRA_SPILL = 16
@@ -380,12 +368,10 @@ def test_swapab_takes_requests_of_at_most_32_rows(qlen, heads, tree, ragged, cp,
     assert gla.swapab_takes(qlen, heads, tree=tree, ragged=ragged, context_parallel=cp) is takes
 
 
-def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balance=0, fp8=False, counters=False,
-                     merged=None):
+def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balance=0, fp8=False):
     """``launch_verify_stage1_gluon`` with ``cfg`` on a small bf16 (``fp8``: e4m3) case (CPU:
-    descriptors and the launch recorded, not run), ``splits`` (a workspace when > 1), the
-    launcher's ``balance`` and (``counters``) merge counters: ``(kernel, its keyword
-    arguments)``; ``merged`` (a list) gets what the launcher returned."""
+    descriptors and the launch recorded, not run), ``splits`` (a workspace when > 1) and the
+    launcher's ``balance``: ``(kernel, its keyword arguments)``."""
     if gla._gk is None:
         pytest.skip("the Gluon kernels do not import here")
     seen = {}
@@ -402,35 +388,9 @@ def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balanc
     lse = torch.empty(B * qlen, heads, dtype=torch.float32)
     tree_mask = torch.ones(B * qlen, qlen, dtype=torch.int64) if tree else None
     mid = torch.empty(B * qlen, heads, splits, LV + 1) if splits > 1 else None
-    mc = torch.zeros(2 * B, dtype=torch.int32) if counters else None
-    out = gla.launch_verify_stage1_gluon(q, k, torch.ones(()), table, lens, lens, False, o, lse, mid, qlen, splits,
-                                         0.1, page, LV, cfg, tree_mask=tree_mask, balance=balance, merge_counters=mc)
-    if merged is not None:
-        merged.append(out)
+    gla.launch_verify_stage1_gluon(q, k, torch.ones(()), table, lens, lens, False, o, lse, mid, qlen, splits, 0.1,
+                                   page, LV, cfg, tree_mask=tree_mask, balance=balance)
     return seen["fn"], seen["kw"]
-
-
-@pytest.mark.parametrize("qlen,cfg,splits,counters,merge_splits", [
-    (2, {}, 4, True, 4), (1, {"LEAN_SOFTMAX": 1}, 3, True, 4), (2, {}, 16, True, 16), (2, {}, 9, True, 16),
-    (2, {}, 17, True, None), (2, {}, 1, True, None), (2, {}, 4, False, None), (2, {"SWAPAB_BLOCKS": 1}, 4, True, None),
-    (2, {"BALANCE": 2}, 4, True, None), (3, {}, 4, True, None)])
-@pytest.mark.parametrize("key", [0, 1])
-def test_inline_merge_reaches_the_swapab_kernel_with_counters_only(qlen, cfg, splits, counters, merge_splits,
-                                                                   key, monkeypatch):
-    """INLINE_MERGE with the op's merge counters: the swap-AB kernel (not SWAPAB_BLOCKS, not
-    balanced) of 2-16 splits gets MERGE, the counters and MERGE_SPLITS (a power of two >= the
-    splits), and the launcher says it merged (no stage 2 follows); otherwise none of them, and
-    the launcher says it did not."""
-    merged = []
-    balance = cfg.get("BALANCE", 0)
-    fn, kw = _recorded_launch(qlen, 16, {"SCHEDULE": "swapab", "INLINE_MERGE": key, **cfg}, monkeypatch,
-                              splits=splits, balance=balance, counters=counters, merged=merged)
-    takes = bool(key) and merge_splits is not None
-    assert merged == [takes]
-    assert kw.get("MERGE") is (True if takes else None)
-    assert kw.get("MERGE_SPLITS") == (merge_splits if takes else None)
-    assert ("Merge_Counters" in kw) is takes
-    assert "LAUNCH_DEPENDENTS" not in kw
 
 
 @pytest.mark.parametrize("schedule,heads,qlen", [("alt", 16, 4), ("seesaw", 128, 1), ("swapab", 16, 2),
@@ -621,19 +581,10 @@ def gluon_verify(c, num_kv_splits, cfg=None, outs=None):
     # PDL: stage 2 a programmatic dependent of stage 1, which lets it launch from its start.
     pdl = bool(cfg.get("PDL")) and num_kv_splits > 1
     balance = cfg.get("BALANCE", 0) if num_kv_splits > 1 else 0  # balanced splits need a workspace
-    # INLINE_MERGE: the case's counters (zero once, then left zero by every launch: reused)
-    counters = c.setdefault("counters", torch.zeros(2 * c["seq_lens"].shape[0], dtype=torch.int32,
-                                                    device=q.device)) if cfg.get("INLINE_MERGE") else None
-    merged = gla.launch_verify_stage1_gluon(q, c["k"], k_scale, c["table"], c["seq_lens"], real, has_real, o,
-                                            lse, mid, c["qlen"], num_kv_splits, SM_SCALE, c["page_size"], LV, cfg,
-                                            launch_dependents=pdl, balance=balance, merge_counters=counters)
-    if counters is not None and not torch.cuda.is_current_stream_capturing():
-        assert merged is (num_kv_splits > 1 and gla.gluon_merges(
-            cfg, c["qlen"], heads, num_kv_splits, fp8=c["k"].dtype == FP8, tree=False, ragged=False,
-            context_parallel=False, balance=balance)), merged
-        torch.cuda.synchronize()
-        assert int(counters.count_nonzero()) == 0, counters.tolist()
-    if num_kv_splits > 1 and not merged:  # the portable stage 2, as the launcher runs it after Gluon
+    gla.launch_verify_stage1_gluon(q, c["k"], k_scale, c["table"], c["seq_lens"], real, has_real, o,
+                                   lse, mid, c["qlen"], num_kv_splits, SM_SCALE, c["page_size"], LV, cfg,
+                                   launch_dependents=pdl, balance=balance)
+    if num_kv_splits > 1:  # the portable stage 2, as the launcher runs it after Gluon
         stage2 = {**cfg, "S2_BLOCK_S": 8, "S2_BLOCK_DV": 0, "s2_num_warps": 4}
         capacity = cache_bounds(c["k"], c["table"], c["page_size"])[1]
         launch._launch_stage2(stage2, mid, o, lse, c["seq_lens"], real, has_real,
@@ -705,9 +656,6 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "swapab-lean1": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1},
              "swapab-lean2": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 2},
              "swapab-split-lean2": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "LEAN_SOFTMAX": 2},
-             # the same, the request's last CTA merging the splits in stage 1 (INLINE_MERGE)
-             "swapab-merge": {"SCHEDULE": "swapab", "INLINE_MERGE": 1},
-             "swapab-lean1-merge": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "INLINE_MERGE": 1},
              # the handovers between the consumer groups on named barriers (NAMED_EXCHANGE)
              "alt-named": {"SCHEDULE": "alt", "NAMED_EXCHANGE": 1},
              "alt-qkfirst-named": {"SCHEDULE": "alt", "QK_FIRST": 1, "NAMED_EXCHANGE": 1},
@@ -751,8 +699,7 @@ def test_gluon_matches_reference(case, schedule):
 @pytest.mark.parametrize("case", SWAPAB_CASES, ids=[c[0] for c in SWAPAB_CASES])
 @pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-balance", "swapab-blocks-balance",
                                       "swapab-split", "swapab-split-balance", "swapab-lean1", "swapab-lean2",
-                                      "swapab-split-lean2", "swapab-lean2-balance", "swapab-merge",
-                                      "swapab-lean1-merge"])
+                                      "swapab-split-lean2", "swapab-lean2-balance"])
 def test_gluon_swapab_matches_reference(case, schedule):
     _check_case(case, SCHEDULES[schedule])
 
@@ -793,7 +740,7 @@ def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
 @needs_hopper
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-blocks-balance", "swapab-split",
-                                      "swapab-lean2", "swapab-merge"])
+                                      "swapab-lean2"])
 def test_gluon_swapab_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule], qlen=2)
 
@@ -825,5 +772,3 @@ def _graph_replay(fp8, cfg=None, qlen=3):
         graph.replay()
         torch.cuda.synchronize()
         check(c, o, lse)
-        if "counters" in c:  # INLINE_MERGE: each replay leaves its counters zero
-            assert int(c["counters"].count_nonzero()) == 0, c["counters"].tolist()

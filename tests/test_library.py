@@ -30,7 +30,7 @@ class TestSchemas(expecttest.TestCase):
     def test_schemas_pinned(self):
         self.assertExpectedInline(
             str(library.schema_of(torch.ops.mla.decode_verify.default)),
-            """mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, Tensor? qo_indptr=None, Tensor? tree_mask=None, Tensor(d!)? merge_counters=None) -> ()""",
+            """mla::decode_verify(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor(a!) o, Tensor(b!) lse, Tensor req_to_token, Tensor seq_lens, Tensor? real_seq_lens, int qlen, Tensor(c!)? attn_logits, int num_kv_splits, float sm_scale, int page_size, Tensor? k_scale=None, int cp_world=1, int cp_rank=0, int cp_interleave=1, Tensor? qo_indptr=None, Tensor? tree_mask=None) -> ()""",
         )
         self.assertExpectedInline(
             str(library.schema_of(torch.ops.mla.warmup_decode_verify.default)),

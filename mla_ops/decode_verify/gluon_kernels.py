@@ -1750,20 +1750,9 @@ def _swapab_epilogue(WG: gl.constexpr, own0, own1, own2, own3, l_i, m_i, v_scale
                      pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                      stride_mid_h, stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
                      VARLEN: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr, k_req, BALANCE: gl.constexpr,
-                     n_slots, MERGE: gl.constexpr = 0, merge_args=None, SPLIT_ALIGN: gl.constexpr = 64,
-                     MIN_SPLIT_LEN: gl.constexpr = 256):
-    """``_swapab_out`` where ``_store_out`` would store (BALANCE: by the request's pieces).
-    MERGE (several splits, not BALANCE; the merge's unrolled splits): the partial, then
-    ``_swapab_merge`` (``merge_args``)."""
-    if MERGE:
-        gl.static_assert(not SINGLE and not BALANCE and not VARLEN)
-        _swapab_out(WG, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0,
-                    head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
-                    stride_mid_s, HEAD_BOX, LV, False, VARLEN, R, MMA, True)
-        _swapab_merge(WG, merge_args, marked, O, Lse, Mid, row_base, tok0, head0, qlen, qlen_b, stride_om,
-                      stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s, HEAD_BOX, LV, R,
-                      SPLIT_ALIGN, MIN_SPLIT_LEN, MERGE)
-    elif BALANCE:
+                     n_slots):
+    """``_swapab_out`` where ``_store_out`` would store (BALANCE: by the request's pieces)."""
+    if BALANCE:
         if k_req == 1:
             _swapab_out(WG, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s,
                         tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
@@ -1788,10 +1777,9 @@ def _swapab_epilogue(WG: gl.constexpr, own0, own1, own2, own3, l_i, m_i, v_scale
 def _swapab_out(WG: gl.constexpr, own0, own1, own2, own3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base,
                 pid_s, tok0, head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
                 stride_mid_h, stride_mid_s, HEAD_BOX: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr,
-                VARLEN: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr, LSE_BOTH: gl.constexpr = False):
-    """Group WG's columns of o (or the split's partial) from its four O^T tiles, and (group 0,
-    or both with LSE_BOTH: the same values) the rows' lse: as ``_store_out`` for the swap-AB
-    layout (rows along N)."""
+                VARLEN: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr):
+    """Group WG's columns of o (or the split's partial) from its four O^T tiles, and (group 0)
+    the rows' lse: as ``_store_out`` for the swap-AB layout (rows along N)."""
     RQ: gl.constexpr = gl.SliceLayout(0, MMA)
     KEY: gl.constexpr = gl.SliceLayout(1, MMA)
     inv_l, lse = _final_scales(l_i, m_i, v_scale, marked)
@@ -1810,7 +1798,7 @@ def _swapab_out(WG: gl.constexpr, own0, own1, own2, own3, l_i, m_i, v_scale, mar
     _swapab_store(own1, 1, inv_l, base, cols, mask, DT)
     _swapab_store(own2, 2, inv_l, base, cols, mask, DT)
     _swapab_store(own3, 3, inv_l, base, cols, mask, DT)
-    if WG == 0 or LSE_BOTH:
+    if WG == 0:
         _store_lse(lse, q_row, head, row_valid, Lse, Mid, pid_s, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                    stride_mid_s, LV, SINGLE)
 
@@ -1820,80 +1808,6 @@ def _swapab_store(acc, t: gl.constexpr, inv_l, base, cols, mask, DT: gl.constexp
     """Output tile ``t`` of a group (``acc``: O^T ``[64 columns, R rows]``) scaled by ``inv_l``
     to ``base`` (``[1, R]`` pointers of the rows' first column of this group) + ``cols``."""
     gl.store(base + t * _DT + cols[:, None], (acc * inv_l[None, :]).to(DT), mask=mask)
-
-
-# In-kernel merge (MERGE, the config's INLINE_MERGE with the op's ``merge_counters``): a swap-AB
-# CTA holds all of its request's rows, so the request's num_kv_splits CTAs are the only writers
-# of its partials. Each consumer group, once its partial (its 256 columns, and the rows' lse) is
-# stored, arrives at its request's counter; the last of the num_kv_splits arrivals merges every
-# split's partial of its columns as stage 2 does, writes o (and, group 0, lse) and sets the
-# counter back to zero, so the next launch finds it as the first did. The arrival is CUTLASS's
-# semaphore pattern: a partition barrier (every thread's stores issued), then one acq_rel atomic
-# at GPU scope; the merging group reads the partials past L1 (``.cg``), after the barrier that
-# broadcasts the atomic's result.
-
-
-@gluon.jit
-def _swapab_merge(WG: gl.constexpr, merge_args, marked, O, Lse, Mid, row_base, tok0, head0, qlen, qlen_b,
-                  stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s,
-                  HEAD_BOX: gl.constexpr, LV: gl.constexpr, R: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
-                  MIN_SPLIT_LEN: gl.constexpr, MERGE_SPLITS: gl.constexpr):
-    """Group WG's arrival at its request's counter, and (the last arrival) the merge of its columns
-    of the request's partials into o / lse: ``kernels._fwd_verify_stage2``'s chunking, weights and
-    marks (a NaN partial or a bad length: NaN rows), its splits in one unrolled step of
-    MERGE_SPLITS (a power of two >= num_kv_splits), every load issued up front."""
-    Merge_Counters, Seq_Lens, Real_Lens, num_kv_splits, kv_capacity = merge_args
-    _barrier()  # every thread of the group has issued its partial's stores
-    counter = Merge_Counters + row_base * 2 + WG  # row_base is the request (not VARLEN)
-    arrived = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == num_kv_splits - 1:
-        ML: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # [R, 128]: 16 B a load
-        MR: gl.constexpr = gl.SliceLayout(1, ML)
-        MC: gl.constexpr = gl.SliceLayout(0, ML)
-        q_row, head, valid = _out_rows(gl.arange(0, R, layout=MR), tok0, head0, qlen_b, row_base, qlen, HEAD_BOX,
-                                       False)
-        seq_len = gl.load(Seq_Lens + row_base)
-        real_len = gl.load(Real_Lens + row_base)
-        tok = tok0 + gl.arange(0, R, layout=MR) // HEAD_BOX
-        lim = _row_limit(tok, seq_len, real_len, qlen_b)  # as stage 2: before the length's clamp
-        req_lim = _row_limit(qlen_b - 1, seq_len, real_len, qlen_b)
-        len_bad = (seq_len < 0) | (seq_len > kv_capacity)
-        chunk = split_chunk(gl.minimum(seq_len, kv_capacity), num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
-        n_row = gl.minimum(gl.cdiv(lim, chunk), num_kv_splits)  # the row's splits
-        n_req = gl.minimum(gl.cdiv(req_lim, chunk), num_kv_splits)  # the request's: its last row's
-        p_row = Mid + q_row * stride_mid_m + head * stride_mid_h
-        p_out = O + q_row * stride_om + head * stride_oh
-        # The group's 256 columns in two passes of 128 (each split's tile 32 registers a thread:
-        # the unrolled loads of a pass stay in registers).
-        for h in gl.static_range(2):
-            cols = WG * (LV // 2) + h * (LV // 4) + gl.arange(0, LV // 4, layout=MC)
-            m_i = gl.full([R], float("-inf"), gl.float32, MR)
-            l_i = gl.zeros([R], gl.float32, MR)
-            acc = gl.zeros([R, LV // 4], gl.float32, ML)
-            for i in gl.static_range(MERGE_SPLITS):
-                # every split of the request's lse (-inf where the row has no key, NaN if marked);
-                # only the row's own splits' o
-                lse_i = gl.load(p_row + i * stride_mid_s + LV, mask=valid & (i < n_req), other=float("-inf"),
-                                cache_modifier=".cg")
-                o_i = gl.load((p_row + i * stride_mid_s)[:, None] + cols[None, :],
-                              mask=(valid & (i < n_row))[:, None], other=0.0, cache_modifier=".cg")
-                m_new = gl.maximum(m_i, lse_i)
-                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp(m_i - m_safe)
-                w = gl.exp(lse_i - m_safe)  # NaN for a NaN partial
-                acc = acc * alpha[:, None] + w[:, None] * o_i
-                l_i = l_i * alpha + w
-                m_i = m_new
-            has_key = l_i > 0.0
-            bad = len_bad | marked | (l_i != l_i)
-            out = gl.where(has_key[:, None], acc / gl.where(has_key, l_i, 1.0)[:, None], 0.0)
-            out = gl.where(bad[:, None], float("nan"), out)
-            gl.store(p_out[:, None] + cols[None, :], out.to(O.dtype.element_ty), mask=valid[:, None])
-            if WG == 0 and h == 0:
-                lse = gl.where(has_key, m_i + gl.log(gl.where(has_key, l_i, 1.0)), float("-inf"))
-                lse = gl.where(bad, float("nan"), lse)
-                gl.store(Lse + q_row * stride_lm + head * stride_lh, lse, mask=valid)
-        gl.store(counter, 0)  # every arrival of this launch is in: the next one starts from zero
 
 
 @gluon.jit
@@ -1928,8 +1842,7 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      N_DT: gl.constexpr, LV: gl.constexpr, SINGLE: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                      CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, BALANCE: gl.constexpr, KV_FP8: gl.constexpr,
                      R: gl.constexpr, Timeline, TIMELINE: gl.constexpr, SPLIT_SCORES: gl.constexpr = False,
-                     LEAN_SOFTMAX: gl.constexpr = 0, red_smem=None, MERGE: gl.constexpr = 0,
-                     merge_args=None):
+                     LEAN_SOFTMAX: gl.constexpr = 0, red_smem=None):
     """Consumer group WG of the swap-AB schedule (see above): every block's scores, the softmax
     of the R rows, and O^T's columns ``[WG * LV/2, (WG + 1) * LV/2)``. KV_FP8: the ring holds the
     fp16 blocks the converter warps wrote; ``k_scale`` scales the scores and o. SPLIT_SCORES
@@ -1937,8 +1850,7 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     partials are summed through shared memory (``_exchange_scores``), so that each K tile and Q
     tile is read by one group instead of both; a ring half is then read by its group alone.
     LEAN_SOFTMAX (bf16): the softmax's reductions over the keys off the block's chain
-    (``_swapab_softmax``; 2: ``red_smem`` ``[2, 4, R]``, a tile per group). MERGE (its unrolled
-    splits, 0 off): the request's last CTA merges the splits (``_swapab_merge``, ``merge_args``)."""
+    (``_swapab_softmax``; 2: ``red_smem`` ``[2, 4, R]``, a tile per group)."""
     (q_smem, kv_smem, sp_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
      num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
      stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
@@ -2009,8 +1921,7 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     l_i = _swapab_row_sums(l_i, LEAN_SOFTMAX)
     _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0, head0,
                      qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
-                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE, num_kv_splits, MERGE,
-                     merge_args, SPLIT_ALIGN, MIN_SPLIT_LEN)
+                     stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE, num_kv_splits)
     if WG == 0:
         _cta_mark(Timeline, 5, TIMELINE)
 
@@ -2143,7 +2054,6 @@ def _verify_stage1_swapab(
     ALT_BLOCKS: gl.constexpr = False, BALANCE: gl.constexpr = 0, SPLIT_SCORES: gl.constexpr = False,
     LEAN_SOFTMAX: gl.constexpr = 0,  # the softmax's reductions off the block's chain (``_swapab_softmax``)
     Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
-    Merge_Counters=None, MERGE: gl.constexpr = False, MERGE_SPLITS: gl.constexpr = 1,  # ``_swapab_merge``
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
     trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
@@ -2152,10 +2062,7 @@ def _verify_stage1_swapab(
     of every block's scores for half of O^T each. SPLIT_SCORES (bf16, not with ALT_BLOCKS): each
     group the scores over its ring half's columns, the partials summed through shared memory.
     LEAN_SOFTMAX (bf16, not with ALT_BLOCKS): 1 the rows' sums reduced once after the loop, 2 and the
-    row max with one group barrier a block (``_swapab_softmax``). MERGE (several splits, not with
-    ALT_BLOCKS, BALANCE or VARLEN): no stage 2; the request's last CTA merges its partials, counted
-    in ``Merge_Counters`` (``[2 * B]`` int32, zero before the launch and after it; MERGE_SPLITS
-    a power of two >= num_kv_splits)."""
+    row max with one group barrier a block (``_swapab_softmax``)."""
     _launch_dependents(LAUNCH_DEPENDENTS)
     _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
@@ -2185,7 +2092,6 @@ def _verify_stage1_swapab(
     shared = (q_smem, kv_smem, sp_smem, q_conv, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
               num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity,
               stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s)
-    gl.static_assert(not MERGE or not ALT_BLOCKS)
     if ALT_BLOCKS:
         # the merge's row max and row sums of both groups: [m0, m1, l0, l1]
         sx_smem = gl.allocate_shared_memory(gl.float32, [4, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -2209,20 +2115,13 @@ def _verify_stage1_swapab(
             red_smem = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         else:
             red_smem = sp_smem  # unread (a partition's arguments cannot be None)
-        if MERGE:
-            gl.static_assert(MERGE_SPLITS >= 2)
-            counters = Merge_Counters
-        else:
-            counters = Seq_Lens  # unread
-        merge_args = (counters, Seq_Lens, Real_Lens, num_kv_splits, kv_capacity)
-        MERGE_N: gl.constexpr = MERGE_SPLITS if MERGE else 0
         gl.warp_specialize([
             (_consumer_swapab, (0, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS, Timeline,
-                                TIMELINE, SPLIT_SCORES, LEAN_SOFTMAX, red_smem, MERGE_N, merge_args)),
+                                TIMELINE, SPLIT_SCORES, LEAN_SOFTMAX, red_smem)),
             (_consumer_swapab, (1, shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, SINGLE,
                                 cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8, ROWS, Timeline,
-                                TIMELINE, SPLIT_SCORES, LEAN_SOFTMAX, red_smem, MERGE_N, merge_args)),
+                                TIMELINE, SPLIT_SCORES, LEAN_SOFTMAX, red_smem)),
             (_fill_swapab, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_conv, staged, ready, empty,
                             Req_to_Token, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
                             page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,

@@ -36,7 +36,6 @@ __all__ = [
     "gluon_unsupported_reason",
     "gluon_row_blocks",
     "swapab_takes",
-    "gluon_merges",
     "launch_verify_stage1_gluon",
     "cta_timeline",
 ]
@@ -124,15 +123,7 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # balanced splits (``splits.py``; the config keys of ``configs.py``): 0, or b >= 2. Passed
     # to the kernel only when set and the launch has splits.
     "BALANCE": 0,
-    # "swapab" (not SWAPAB_BLOCKS, not BALANCE), 2 to MERGE_MAX_SPLITS splits, the op given
-    # ``merge_counters``: the request's last CTA merges its splits' partials in stage 1
-    # (gluon_kernels._swapab_merge) instead of the portable stage 2 (``gluon_merges``).
-    "INLINE_MERGE": 0,
 }
-
-# The most splits the in-kernel merge takes (its loads are unrolled over a power of two >= the
-# split count); more run the portable stage 2.
-MERGE_MAX_SPLITS = 16
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
 
@@ -147,17 +138,6 @@ def swapab_takes(qlen: int, num_heads: int, *, tree: bool, ragged: bool, context
     have not run on a GPU yet); "alt" runs the others."""
     return (num_heads < 64 and qlen * num_heads <= 32 and not tree and not ragged
             and not context_parallel)
-
-
-def gluon_merges(cfg: dict, qlen: int, num_heads: int, num_kv_splits: int, *, fp8: bool, tree: bool,
-                 ragged: bool, context_parallel: bool, balance: int) -> bool:
-    """Whether a Gluon launch of these facts given ``merge_counters`` merges its splits in stage
-    1 (``INLINE_MERGE``): the swap-AB schedule runs it (``swapab_takes``) without SWAPAB_BLOCKS
-    or balanced splits, with 2 to MERGE_MAX_SPLITS splits. Else the portable stage 2 merges."""
-    c = {**GLUON_DEFAULT_CONFIG, **cfg}
-    return (bool(c["INLINE_MERGE"]) and c["SCHEDULE"] == "swapab" and not c["SWAPAB_BLOCKS"]
-            and not balance and 2 <= num_kv_splits <= MERGE_MAX_SPLITS
-            and swapab_takes(qlen, num_heads, tree=tree, ragged=ragged, context_parallel=context_parallel))
 
 
 def gluon_row_blocks(qlen: int, num_heads: int) -> int:
@@ -278,10 +258,8 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
                                o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size, Lv, cfg,
                                cp_world=1, cp_rank=0, cp_interleave=1, *, batch=None,
                                qo_indptr=None, tree_mask=None, launch_dependents=False,
-                               balance=0, merge_counters=None) -> bool:
-    """Launch the Gluon stage 1 (``gluon_unsupported_reason`` must have returned None); True
-    where it merged the splits itself (``merge_counters`` given and ``gluon_merges``): the caller
-    then launches no stage 2.
+                               balance=0) -> None:
+    """Launch the Gluon stage 1 (``gluon_unsupported_reason`` must have returned None).
 
     Args: as ``decode_attention_fwd_verify`` after its checks; ``real_lens`` is ``seq_lens``
     when ``has_real`` is False; ``workspace`` is the op's ``attn_logits`` (None when
@@ -294,8 +272,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     them, None for the kernel without them; ``launch_dependents``: the caller launches stage 2
     as this grid's programmatic dependent (``PDL``), and stage 1 lets it be scheduled from its
     start (``gluon_kernels._launch_dependents``); ``balance``: the config's ``BALANCE`` where the
-    launch has splits (``splits.py``'s balanced splits), else 0; ``merge_counters``: the op's
-    (``decode_attention_fwd_verify``), or None.
+    launch has splits (``splits.py``'s balanced splits), else 0.
 
     Out-of-range metadata is marked as in the portable kernel (``kernels.py``'s docstring): a
     request with a page index outside the cache among the keys it reads, or a length past
@@ -306,7 +283,7 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         batch = q.shape[0] // qlen
     num_heads = q.shape[1]
     if batch == 0 or q.shape[0] == 0:
-        return False
+        return
     single = num_kv_splits == 1
     if single:
         ws_arg, ws_strides = lse, (0, 0, 0)  # lse only stands in for the unused pointer
@@ -342,12 +319,6 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
             extra["SPLIT_SCORES"] = True
         if c["LEAN_SOFTMAX"] and not fp8 and not c["SWAPAB_BLOCKS"]:
             extra["LEAN_SOFTMAX"] = int(c["LEAN_SOFTMAX"])
-    merge = merge_counters is not None and gluon_merges(
-        c, qlen, num_heads, num_kv_splits, fp8=fp8, tree=tree_mask is not None, ragged=qo_indptr is not None,
-        context_parallel=cp_world > 1, balance=balance)
-    if merge:
-        extra.update({"Merge_Counters": merge_counters, "MERGE": True,
-                      "MERGE_SPLITS": max(2, 1 << (num_kv_splits - 1).bit_length())})
     if c["STAGE_OUT"] and kernel not in (_gk._verify_stage1_ws, _gk._verify_stage1_swapab):
         extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
@@ -369,11 +340,10 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         **({"Qo_Indptr": qo_indptr, "num_rows": q.shape[0], "VARLEN": True}
            if qo_indptr is not None else {}),
         **({"Tree_Mask": tree_mask, "HAS_TREE": True} if tree_mask is not None else {}),
-        **({"LAUNCH_DEPENDENTS": True} if launch_dependents and not single and not merge else {}),
+        **({"LAUNCH_DEPENDENTS": True} if launch_dependents and not single else {}),
         **({"BALANCE": balance} if balance and not single else {}),
         **_timeline_args(grid, q.device),
     )
-    return merge
 
 
 def _timeline_args(grid: tuple, device: torch.device) -> dict:

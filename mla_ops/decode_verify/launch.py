@@ -150,7 +150,7 @@ def launch_config(batch: int, qlen: int, num_heads: int, k_buffer: torch.Tensor,
 def decode_attention_fwd_verify(
     q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen, attn_logits,
     num_kv_splits, sm_scale, page_size, k_scale=None, cp_world=1, cp_rank=0, cp_interleave=1, *,
-    qo_indptr=None, tree_mask=None, merge_counters=None, config: dict[str, Any] | None = None,
+    qo_indptr=None, tree_mask=None, config: dict[str, Any] | None = None,
 ):
     """Causal (or draft-tree) MLA verify attention over a per-request block table.
 
@@ -196,11 +196,6 @@ def decode_attention_fwd_verify(
             ``[0, L - qlen_b)`` always; keys at or past ``L_real`` never. ``qlen <= 64``; not
             with context parallelism. None: the causal chain (bit j set for j <= i), exactly
             the results without it.
-        merge_counters: keyword-only ``[>= 2*B]`` int32, zero (its owner zeroes it once; every
-            call leaves it zero), or None. Given, a launch whose config has ``INLINE_MERGE``
-            merges its splits in stage 1 (the request's last CTA, counted here) instead of a
-            second kernel (``gluon_launch.gluon_merges``); otherwise it is not touched. Calls
-            that share it must not run concurrently (as for ``attn_logits``).
         config: keyword-only overrides of the selected launch config (benchmarks, sweeps).
 
     Metadata only the data can show wrong is validated by checked mode (``mla_ops.checked``).
@@ -216,7 +211,7 @@ def decode_attention_fwd_verify(
     """
     args = (q, k_buffer, v_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
             attn_logits, num_kv_splits, sm_scale, page_size, k_scale, cp_world, cp_rank,
-            cp_interleave, qo_indptr, tree_mask, merge_counters)
+            cp_interleave, qo_indptr, tree_mask)
     batch, num_heads, Lk, Lv = _CHECK["decode_verify"](*args)
     if checked.enabled():
         checked.validate_decode_verify(*args)
@@ -227,12 +222,12 @@ def decode_attention_fwd_verify(
     with device_guard(q.device):
         _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen,
                 attn_logits, num_kv_splits, sm_scale, page_size, k_scale, Lk, Lv,
-                cp_world, cp_rank, cp_interleave, batch, qo_indptr, tree_mask, merge_counters)
+                cp_world, cp_rank, cp_interleave, batch, qo_indptr, tree_mask)
 
 
 def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qlen, workspace,
             num_kv_splits, sm_scale, page_size, k_scale, Lk, Lv, cp_world, cp_rank,
-            cp_interleave, batch, qo_indptr, tree_mask, merge_counters=None):
+            cp_interleave, batch, qo_indptr, tree_mask):
     """Stage 1, then (several splits) stage 2, of a checked call under its device."""
     plat = platform.current()
     num_heads = q.shape[1]
@@ -263,12 +258,12 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     # programmatic edge).
     use_pdl = bool(cfg["PDL"]) and kernels.HAS_PDL and not single and _is_sm90_plus(q.device, plat)
     if cfg["family"] == "gluon":
-        merged = launch_verify_stage1_gluon(
-            q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real, o, lse, workspace, qlen,
-            num_kv_splits, sm_scale, page_size, Lv, cfg, cp_world, cp_rank, cp_interleave,
-            batch=batch, qo_indptr=qo_indptr, tree_mask=tree_mask, launch_dependents=use_pdl,
-            balance=balance, merge_counters=merge_counters)
-        if not single and not merged:
+        launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
+                                   o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size,
+                                   Lv, cfg, cp_world, cp_rank, cp_interleave, batch=batch,
+                                   qo_indptr=qo_indptr, tree_mask=tree_mask, launch_dependents=use_pdl,
+                                   balance=balance)
+        if not single:
             _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides,
                            qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity,
                            batch, qo_indptr, num_rows, drafts, balance=balance, **cp)
@@ -396,8 +391,7 @@ def warmup_decode_attention_fwd_verify(
 
     For each qlen in ``qlens``: each config the arch's table can select for these heads (one
     representative batch per bucket, or the given ``batches``), with one split and with several
-    (``attn_logits.shape[2]`` if given, else 2; every cap > 1 shares one variant, but for a
-    config with ``INLINE_MERGE``, which runs it with and without ``merge_counters``), with
+    (``attn_logits.shape[2]`` if given, else 2; every cap > 1 shares one variant), with
     real_seq_lens iff ``has_real``, with ``qo_indptr`` (ragged draft counts, qlen the largest)
     iff ``varlen`` and with ``tree_mask`` iff ``has_tree`` (their alignment is not specialized
     on: any ``qo_indptr`` / ``tree_mask`` tensor runs the variant compiled here). Each runs
@@ -436,17 +430,12 @@ def warmup_decode_attention_fwd_verify(
                                         dtype=torch.int64, device=dev) if has_tree else None)
                 for num_kv_splits in (1, splits_many):
                     workspace = None
-                    counters = [None]
                     if num_kv_splits > 1:
                         workspace = torch.empty((rows, num_heads, num_kv_splits, Lv + 1),
                                                 dtype=torch.float32, device=dev)
-                        if cfg.get("INLINE_MERGE"):  # the launch with merge_counters, and without
-                            counters.append(torch.zeros(2 * batch, dtype=torch.int32, device=dev))
-                    for merge_counters in counters:
-                        decode_attention_fwd_verify(
-                            _scratch_like(q, rows).zero_(), k_buffer, v_buffer,
-                            _scratch_like(o, rows), _scratch_like(lse, rows), block_table,
-                            seq_lens, seq_lens if has_real else None, qlen, workspace,
-                            num_kv_splits, sm_scale, page_size, k_scale, cp_world, cp_rank,
-                            cp_interleave, qo_indptr=qo_indptr, tree_mask=tree_mask,
-                            merge_counters=merge_counters, config=config)
+                    decode_attention_fwd_verify(
+                        _scratch_like(q, rows).zero_(), k_buffer, v_buffer,
+                        _scratch_like(o, rows), _scratch_like(lse, rows), block_table, seq_lens,
+                        seq_lens if has_real else None, qlen, workspace, num_kv_splits, sm_scale,
+                        page_size, k_scale, cp_world, cp_rank, cp_interleave,
+                        qo_indptr=qo_indptr, tree_mask=tree_mask, config=config)

@@ -77,7 +77,6 @@ class VerifyPlan:
     cp_interleave: int = 1
     varlen: bool = False
     _workspace: list = dataclasses.field(default_factory=lambda: [None], repr=False)
-    _counters: list = dataclasses.field(default_factory=lambda: [None], repr=False)
     # The batches of this bucket: up to ``batch``, selecting this config (computed once, so
     # that run() traces under torch.compile without walking the tuning tables).
     batches: frozenset = dataclasses.field(default=frozenset(), repr=False)
@@ -98,20 +97,11 @@ class VerifyPlan:
     def workspace(self) -> torch.Tensor | None:
         return self._workspace[0]
 
-    @property
-    def merge_counters(self) -> torch.Tensor | None:
-        """The in-kernel merge's ``[2*batch]`` int32 counters (zero, and left zero by every
-        run), where the config merges in stage 1 (``INLINE_MERGE``) and there are splits."""
-        return self._counters[0]
-
     def alloc_workspace(self) -> torch.Tensor | None:
-        """Allocate (once) and return the split workspace (and the merge counters, where the
-        config has ``INLINE_MERGE``); call it outside any capture."""
+        """Allocate (once) and return the split workspace; call it outside any capture."""
         if self.workspace_shape is not None and self._workspace[0] is None:
             self._workspace[0] = torch.empty(self.workspace_shape, dtype=torch.float32,
                                              device=self.device)
-            if self.config.get("INLINE_MERGE"):
-                self._counters[0] = torch.zeros(2 * self.batch, dtype=torch.int32, device=self.device)
         return self._workspace[0]
 
     def warmup(self, q, kv_cache, o, lse, block_table, *, sm_scale: float,
@@ -152,13 +142,7 @@ class VerifyPlan:
         if self.num_kv_splits > 1 and self.workspace is None:
             raise RuntimeError("plan: call alloc_workspace() (or warmup()) before run(), "
                                "outside any CUDA-graph capture")
-        if self.merge_counters is not None:
-            torch.ops.mla.decode_verify(
-                q, kv_cache, self._values_of(kv_cache), o, lse, block_table, seq_lens,
-                real_seq_lens, self.qlen, self.workspace, self.num_kv_splits, sm_scale,
-                self.page_size, k_scale, self.cp_world, self.cp_rank, self.cp_interleave,
-                qo_indptr, tree_mask, self.merge_counters)
-        elif qo_indptr is None and tree_mask is None:
+        if qo_indptr is None and tree_mask is None:
             torch.ops.mla.decode_verify(
                 q, kv_cache, self._values_of(kv_cache), o, lse, block_table, seq_lens,
                 real_seq_lens, self.qlen, self.workspace, self.num_kv_splits, sm_scale,
