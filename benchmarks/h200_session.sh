@@ -310,7 +310,7 @@ s2heads() {
   timeout 170 python3 benchmarks/ab_decode_verify.py --shape M1 M2 M4 --case 16,1,32,4096 16,1,16,32768 \
     16,2,16,32768 16,2,8,4096 16,2,32,1024 32,1,32,4096 128,1,1,8192 --variant '{}' '{"S2_BLOCK_H": 2}' \
     '{"S2_BLOCK_H": 4}' '{"S2_BLOCK_H": 4, "S2_BLOCK_S": 4}' '{"S2_BLOCK_H": 8, "S2_BLOCK_S": 4}' \
-    '{"S2_BLOCK_H": 16, "S2_BLOCK_S": 4, "s2_num_warps": 8}' --rounds 3 --json "$OUT/ab_s2heads.json" 2>&1 | tail -70
+    '{"S2_BLOCK_H": 8, "S2_BLOCK_S": 4, "s2_num_warps": 8}' --rounds 3 --json "$OUT/ab_s2heads.json" 2>&1 | tail -70
   base=${AB_BASE:-.ab_base}
   timeout 150 python3 benchmarks/ab_tree.py --base-tree "$base" --same --family decode --kernels \
     --case 16,2,1,8192 16,2,32,4096 16,1,32,4096 16,2,16,32768 16,2,16,32768,fp8 128,1,1,8192 \
