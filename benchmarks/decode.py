@@ -54,7 +54,6 @@ KNOBS = {
     "--s2-block-s": ("S2_BLOCK_S", None),
     "--s2-num-warps": ("s2_num_warps", None),
     "--s2-block-dv": ("S2_BLOCK_DV", "columns of o per stage-2 program (0: all)"),
-    "--s2-block-h": ("S2_BLOCK_H", "heads per stage-2 program (a power of two)"),
     "--tma": ("TMA", "K tiles by bulk tensor copies (0/1)"),
     "--persistent": ("PERSISTENT", "stage-1 programs per SM (0: one per work item)"),
     "--pdl": ("PDL", "stage 2 by programmatic dependent launch (0/1)"),

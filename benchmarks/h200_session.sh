@@ -63,11 +63,6 @@
 #                                           # (ab_merge2.json), LEAN_SOFTMAX 0 beside the table there
 #                                           # (ab_lean_h200.json), then M1-M7 beside FlashMLA built
 #                                           # from .flashmla/ (decode_verify_flashmla.json)
-#   bash benchmarks/h200_session.sh s2heads # stage 2 over S2_BLOCK_H heads a program: the Gluon GPU
-#                                           # tests and the stage-2 feature tests, the A/B of the
-#                                           # key at the launches that split (ab_s2heads.json), and
-#                                           # AB_BASE's tree against this one there, per kernel
-#                                           # (ab_tree_s2.json: S2_BLOCK_H 1 is the old merge)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -304,18 +299,6 @@ merge2() {
   timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
     --json "$OUT/decode_verify_flashmla.json" 2>&1 | tail -14
 }
-s2heads() {
-  timeout 250 python3 -m pytest -q -p no:cacheprovider -n 14 -m gpu tests/test_gluon_verify.py \
-    tests/test_decode_verify.py -k "gluon or gpu_launch_features" 2>&1 | tail -4 | tee "$OUT/gpu_tests_s2heads.txt"
-  timeout 170 python3 benchmarks/ab_decode_verify.py --shape M1 M2 M4 --case 16,1,32,4096 16,1,16,32768 \
-    16,2,16,32768 16,2,8,4096 16,2,32,1024 32,1,32,4096 128,1,1,8192 --variant '{}' '{"S2_BLOCK_H": 2}' \
-    '{"S2_BLOCK_H": 4}' '{"S2_BLOCK_H": 4, "S2_BLOCK_S": 4}' '{"S2_BLOCK_H": 8, "S2_BLOCK_S": 4}' \
-    '{"S2_BLOCK_H": 8, "S2_BLOCK_S": 4, "s2_num_warps": 8}' --rounds 3 --json "$OUT/ab_s2heads.json" 2>&1 | tail -70
-  base=${AB_BASE:-.ab_base}
-  timeout 150 python3 benchmarks/ab_tree.py --base-tree "$base" --same --family decode --kernels \
-    --case 16,2,1,8192 16,2,32,4096 16,1,32,4096 16,2,16,32768 16,2,16,32768,fp8 128,1,1,8192 \
-    128,2,16,32768 --json "$OUT/ab_tree_s2.json" 2>&1 | tail -30
-}
 abtree() {
   base=${AB_BASE:-.ab_base}
   [ -f "$base/mla_ops/__init__.py" ] || { echo "no $base/mla_ops: carry it (run tool: carry)"; return 2; }
@@ -334,7 +317,6 @@ e2e) e2e ;;
 flashmla) flashmla ;;
 abtree) abtree ;;
 merge2) merge2 ;;
-s2heads) s2heads ;;
 balance) balance ;;
 timeline) timeline ;;
 splitscores) splitscores ;;
@@ -345,6 +327,6 @@ leanbw) leanbw ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|merge2|s2heads|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|merge2|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac

@@ -104,8 +104,6 @@ FEATURES = {
     "persistent": {"PERSISTENT": 2},
     "persistent-tma-swap": {**SWAP["swap-h16"], "BLOCK_N": 16, "TMA": 1, "PERSISTENT": 1},
     "s2-block-dv": {"S2_BLOCK_DV": 16},
-    # stage 2 over two heads a program (H3: the second program's second head masked)
-    "s2-block-h": {"S2_BLOCK_H": 2, "S2_BLOCK_DV": 16},
 }
 FEATURE_CASES = [
     ("B2-H4-q2-p16-fp16", dict(batch=2, heads=4, qlen=2, lens=(45, 170), page=16,
@@ -186,7 +184,6 @@ def test_balanced_splits_match_reference(device, kw, cap, balance, variant):
     with platform.mock_platform("sm_90", sm_count=1) if variant == "persistent" else _nothing():
         if variant == "persistent":
             config["PERSISTENT"] = 2  # 2 programs looping over every (row block, request, slot)
-            config["S2_BLOCK_H"] = 4  # and stage 2 over four heads a program (H2: two masked)
         decode_attention_fwd_verify(**args, config=config)
     case.assert_matches(args["o"], args["lse"])
     slot_lse = args["attn_logits"][..., case.Lv]  # [rows, H, cap]
@@ -415,8 +412,6 @@ GPU_FEATURES = {
                            "QSPLIT": 1, "TMA": 1, "PERSISTENT": 2},
     "s2-block-dv-128": {"S2_BLOCK_DV": 128, "S2_BLOCK_S": 32},
     "pdl-s2-block-dv-64": {"PDL": 1, "S2_BLOCK_DV": 64},
-    "s2-block-h4": {"S2_BLOCK_H": 4},
-    "pdl-s2-block-h8-s4": {"PDL": 1, "S2_BLOCK_H": 8, "S2_BLOCK_S": 4},
 }
 GPU_FEATURE_SHAPES = ("B4-H16-q2-p64", "B2-H128-q5-p128", "B1-H16-q2-p64-32k",
                       "B2-H16-q8-p64-cross-qstrided", "B2-H64-q4-p1")

@@ -38,7 +38,7 @@ VARIANTS = {
     "plain": {},
     "swap-h32": {"SWAP_AB": 1, "BLOCK_H": 32, "num_warps": 4},
     "swap-h16-qsplit": {"SWAP_AB": 1, "BLOCK_H": 16, "QSPLIT": 1, "num_warps": 4},
-    "tma-persistent": {"TMA": 1, "PERSISTENT": 1, "BLOCK_H": 16, "S2_BLOCK_H": 4},  # stage 2: 4 heads
+    "tma-persistent": {"TMA": 1, "PERSISTENT": 1, "BLOCK_H": 16},
 }
 
 

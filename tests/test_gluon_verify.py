@@ -656,10 +656,6 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "swapab-lean1": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1},
              "swapab-lean2": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 2},
              "swapab-split-lean2": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "LEAN_SOFTMAX": 2},
-             # the table's swap-AB launch with stage 2 over 4 / 8 heads a program (S2_BLOCK_H)
-             "swapab-lean1-s2h4": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "S2_BLOCK_H": 4},
-             "swapab-lean1-s2h8-pdl": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "S2_BLOCK_H": 8,
-                                       "S2_BLOCK_S": 4, "PDL": 1},
              # the handovers between the consumer groups on named barriers (NAMED_EXCHANGE)
              "alt-named": {"SCHEDULE": "alt", "NAMED_EXCHANGE": 1},
              "alt-qkfirst-named": {"SCHEDULE": "alt", "QK_FIRST": 1, "NAMED_EXCHANGE": 1},
@@ -703,8 +699,7 @@ def test_gluon_matches_reference(case, schedule):
 @pytest.mark.parametrize("case", SWAPAB_CASES, ids=[c[0] for c in SWAPAB_CASES])
 @pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-balance", "swapab-blocks-balance",
                                       "swapab-split", "swapab-split-balance", "swapab-lean1", "swapab-lean2",
-                                      "swapab-split-lean2", "swapab-lean2-balance", "swapab-lean1-s2h4",
-                                      "swapab-lean1-s2h8-pdl"])
+                                      "swapab-split-lean2", "swapab-lean2-balance"])
 def test_gluon_swapab_matches_reference(case, schedule):
     _check_case(case, SCHEDULES[schedule])
 
@@ -745,7 +740,7 @@ def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
 @needs_hopper
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-blocks-balance", "swapab-split",
-                                      "swapab-lean2", "swapab-lean1-s2h4"])
+                                      "swapab-lean2"])
 def test_gluon_swapab_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule], qlen=2)
 

@@ -24,9 +24,7 @@ Config keys of the ``triton`` family (the portable kernels in ``kernels.py``):
   aims for: the portable tables were swept at 64, the Gluon family measured best at its 256.
   (M1: 66 splits, 14.4 us on the H200; 64 splits from MIN_SPLIT_LEN 128, 16.8 us.)
 - ``S2_BLOCK_S`` / ``s2_num_warps``: splits per step and warps of the stage-2 merge;
-  ``S2_BLOCK_DV``: columns of ``o`` per stage-2 program (0: all ``Lv``); ``S2_BLOCK_H``:
-  heads per stage-2 program (a power of two; fewer, larger programs where the merge's time is
-  its programs' dispatch).
+  ``S2_BLOCK_DV``: columns of ``o`` per stage-2 program (0: all ``Lv``).
 - ``TMA``: K tiles by bulk tensor copies through host-built descriptors where they apply
   (``launch._tma_descriptors``), else the pointer path.
 - ``PDL``: stage 2 as a programmatic dependent launch of stage 1 (CUDA capability 9+); both
@@ -59,8 +57,7 @@ HIP_LAUNCH_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 VERIFY_DEFAULT_CONFIG: dict[str, Any] = {
     "BLOCK_H": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "QSPLIT": 0, "SWAP_AB": 0,
     "SPLIT_ALIGN": 64, "MIN_SPLIT_LEN": 256, "S2_BLOCK_S": 8, "s2_num_warps": 4,
-    "S2_BLOCK_DV": 0, "S2_BLOCK_H": 1, "TMA": 0, "PERSISTENT": 0, "PDL": 0, "SPLIT_WORK": 64,
-    "BALANCE": 0,
+    "S2_BLOCK_DV": 0, "TMA": 0, "PERSISTENT": 0, "PDL": 0, "SPLIT_WORK": 64, "BALANCE": 0,
 }
 
 # MI300X sweeps (bf16, page 16): few rows (B*qlen*H <= 640) take
@@ -84,12 +81,7 @@ _GFX942 = {
 
 
 def _check_config(cfg: dict[str, Any], where: str) -> None:
-    """Configs the running compiler is known to miscompile, or no kernel can take, are refused,
-    tables included."""
-    h = cfg["S2_BLOCK_H"]
-    if not isinstance(h, int) or isinstance(h, bool) or h < 1 or h & (h - 1):
-        raise ValueError(f"{where}: S2_BLOCK_H must be a power of two >= 1 (heads per stage-2 "
-                         f"program), got {h!r}")
+    """Configs the running compiler is known to miscompile are refused, tables included."""
     if (cfg["family"] == "triton" and cfg["SWAP_AB"] and cfg["num_stages"] < 2
             and tuning.workaround_active("swap_ab_min_stages")):
         w = tuning.WORKAROUNDS["swap_ab_min_stages"]
@@ -101,8 +93,7 @@ def _check_config(cfg: dict[str, Any], where: str) -> None:
 # keys for the split merge it shares.
 GLUON_FAMILY_CONFIG: dict[str, Any] = {
     **GLUON_DEFAULT_CONFIG,
-    "S2_BLOCK_S": 8, "s2_num_warps": 4, "S2_BLOCK_DV": 0, "S2_BLOCK_H": 1, "PDL": 0,
-    "SPLIT_WORK": 256,
+    "S2_BLOCK_S": 8, "s2_num_warps": 4, "S2_BLOCK_DV": 0, "PDL": 0, "SPLIT_WORK": 256,
 }
 
 KERNEL = tuning.register(tuning.Kernel(

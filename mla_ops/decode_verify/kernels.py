@@ -688,7 +688,6 @@ def _fwd_verify_stage2(
     Seq_Lens,
     Real_Lens,
     stride_mid_m, stride_mid_h, stride_mid_s, stride_om, stride_oh, stride_lm, stride_lh,
-    num_heads,
     num_kv_splits,
     kv_capacity,  # as in stage 1
     cp_rank,  # as in stage 1
@@ -699,7 +698,6 @@ def _fwd_verify_stage2(
     SPLIT_ALIGN: tl.constexpr,
     MIN_SPLIT_LEN: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    BLOCK_HS: tl.constexpr,  # heads per program (``S2_BLOCK_H``)
     BLOCK_DV: tl.constexpr,
     Lv: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent of stage 1
@@ -710,13 +708,14 @@ def _fwd_verify_stage2(
     BALANCE: tl.constexpr = 0,  # stage 1 balanced its splits (``splits.py``): every slot is written
 ):
     pid_m = tl.program_id(0)  # token t of request b: b * QLEN + t (its q row, unless VARLEN)
-    pid_h = tl.program_id(1)  # heads [pid_h * BLOCK_HS, (pid_h + 1) * BLOCK_HS)
+    pid_h = tl.program_id(1)
     pid_d = tl.program_id(2)  # columns [pid_d * BLOCK_DV, (pid_d + 1) * BLOCK_DV) of o
     pid_b = pid_m // QLEN
     tok = pid_m % QLEN
     if VARLEN:
         row_base, qlen_b, rows_bad = _request_rows(Qo_Indptr, pid_b, num_rows, QLEN)
         row = row_base + tok
+        row_ok = tok < qlen_b  # else a token the request does not have: nothing read or written
     else:
         row = pid_m
         qlen_b = QLEN
@@ -740,77 +739,82 @@ def _fwd_verify_stage2(
     # A length past the block table: clamped and marked, as in stage 1.
     len_bad = len_bad | (seq_len > kv_capacity)
     seq_len = tl.minimum(seq_len, kv_capacity)
-    offs_h = pid_h * BLOCK_HS + tl.arange(0, BLOCK_HS)
-    # The program's heads, and with VARLEN only the tokens the request has: nothing else is
-    # read or written. (Vector masks: triton 3.9's interpreter cannot combine a loaded
-    # scalar's test with one.)
-    mask_h = offs_h < num_heads
-    if VARLEN:
-        mask_h = mask_h & (offs_h * 0 + tok < qlen_b)
     # Same chunking as stage 1; the row's splits are those starting below its limit, the
     # request's those starting below its last row's.
-    p_mid = Mid + row.to(tl.int64) * stride_mid_m + offs_h * stride_mid_h  # [HS]
+    p_mid = Mid + row.to(tl.int64) * stride_mid_m + pid_h * stride_mid_h
     if USE_PDL:
         # Launched before stage 1 has finished: the launch and everything above (the lengths'
         # loads, the chunking: inputs stage 1 does not write) under stage 1's tail; this waits
         # until stage 1 completed and its writes are visible, before the first read of Mid.
         gdc_wait()
-    zero_h = tl.zeros([BLOCK_HS], dtype=tl.int32)
     if BALANCE:
         # Stage 1 wrote every slot's lse this step: a piece's, or -inf for a slot the request
         # does not use, or +inf in slot 1 of a request of one piece, which stage 1 wrote
         # straight to o / lse (nothing to merge, nothing to write). A slot's o is read where
         # its lse is finite (a NaN lse makes the row NaN through its weight).
-        done = tl.load(p_mid + stride_mid_s + Lv, mask=mask_h, other=0.0) == float("inf")
-        n_req = tl.where(done, 0, num_kv_splits)  # [HS]
+        if VARLEN:
+            done = tl.load(p_mid + stride_mid_s + Lv, mask=row_ok, other=0.0) == float("inf")
+        else:
+            done = tl.load(p_mid + stride_mid_s + Lv) == float("inf")
+        n_req = tl.where(done, 0, num_kv_splits)
         n_splits = n_req
     else:
         chunk = split_chunk(seq_len, num_kv_splits, SPLIT_ALIGN, MIN_SPLIT_LEN)
-        n_splits = zero_h + tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
-        n_req = zero_h + tl.minimum(tl.cdiv(req_lim, chunk), num_kv_splits)
-    n_req = tl.where(mask_h, n_req, 0)
+        n_splits = tl.minimum(tl.cdiv(lim, chunk), num_kv_splits)
+        n_req = tl.minimum(tl.cdiv(req_lim, chunk), num_kv_splits)
+    if VARLEN:
+        n_req = tl.where(row_ok, n_req, 0)
 
     offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
     mask_d = offs_d < Lv
-    m_i = tl.full([BLOCK_HS], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_HS], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_HS, BLOCK_DV], dtype=tl.float32)
-    for s0 in range(0, tl.max(n_req, axis=0), BLOCK_S):
+    m_i = float("-inf")
+    l_i = 0.0
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for s0 in range(0, n_req, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
         # The lse of every split of the request is merged: stage 1 writes each (row, split)
         # entry, -inf where the row has no key in the split (weight 0, o 0: not loaded), NaN
         # for a marked request. Only the row's own splits' o is loaded.
-        lse_s = tl.load(p_mid[:, None] + offs_s[None, :] * stride_mid_s + Lv,
-                        mask=offs_s[None, :] < n_req[:, None],
-                        other=float("-inf"))  # [HS, BLOCK_S]
-        mask_s = offs_s[None, :] < n_splits[:, None]
+        lse_s = tl.load(p_mid + offs_s * stride_mid_s + Lv, mask=offs_s < n_req,
+                        other=float("-inf"))  # [BLOCK_S]
+        mask_s = offs_s < n_splits
         if BALANCE:
             mask_s = mask_s & (lse_s > float("-inf"))
-        o_s = tl.load(p_mid[:, None, None] + offs_s[None, :, None] * stride_mid_s
-                      + offs_d[None, None, :],
-                      mask=mask_s[:, :, None] & mask_d[None, None, :],
-                      other=0.0)  # [HS, BLOCK_S, BLOCK_DV]
-        m_new = tl.maximum(m_i, tl.max(lse_s, axis=1))
+        o_s = tl.load(p_mid + offs_s[:, None] * stride_mid_s + offs_d[None, :],
+                      mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_DV]
+        m_new = tl.maximum(m_i, tl.max(lse_s, axis=0))
         # -inf while the row has no key yet (its later splits only): keeps NaN out of alpha.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
-        w = tl.exp(lse_s - m_safe[:, None])  # [HS, BLOCK_S]; NaN for a NaN partial
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_s, axis=1)
-        l_i = l_i * alpha + tl.sum(w, axis=1)
+        w = tl.exp(lse_s - m_safe)  # [BLOCK_S]; NaN for a NaN partial, whatever max did
+        acc = acc * alpha + tl.sum(w[:, None] * o_s, axis=0)
+        l_i = l_i * alpha + tl.sum(w, axis=0)
         m_i = m_new
     has_key = l_i > 0.0
-    out = tl.where(has_key[:, None], acc / tl.where(has_key, l_i, 1.0)[:, None], 0.0)
+    out = tl.where(has_key, acc / tl.where(has_key, l_i, 1.0), 0.0)
     lse = tl.where(has_key, m_i + tl.log(tl.where(has_key, l_i, 1.0)), float("-inf"))
     # A marked request: a NaN partial in any of the request's splits made l NaN (exp and sum
     # keep it, whether or not max dropped it), or a bad length. Explicitly NaN: the has_key
     # test above turns a NaN l into o = 0, lse = -inf.
-    marked = (zero_h + len_bad.to(tl.int32) != 0) | (l_i != l_i)
-    out = tl.where(marked[:, None], float("nan"), out)
+    marked = len_bad | (l_i != l_i)
+    out = tl.where(marked, float("nan"), out)
     lse = tl.where(marked, float("nan"), lse)
-    mask_w = mask_h
+    if VARLEN:
+        # (A vector mask: triton 3.9's interpreter cannot combine a loaded scalar's test with one.)
+        mask_d = mask_d & (offs_d * 0 + tok < qlen_b)
     if BALANCE:
-        mask_w = mask_w & (done == 0)
-    tl.store(O + row.to(tl.int64) * stride_om + offs_h[:, None] * stride_oh + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=mask_w[:, None] & mask_d[None, :])
+        mask_d = mask_d & ((offs_d * 0 + done.to(tl.int32)) == 0)
+    tl.store(O + row.to(tl.int64) * stride_om + pid_h * stride_oh + offs_d,
+             out.to(O.dtype.element_ty), mask=mask_d)
     if pid_d == 0:
-        tl.store(Lse + row.to(tl.int64) * stride_lm + offs_h * stride_lh, lse, mask=mask_w)
+        if BALANCE:
+            write_lse = done == 0
+            if VARLEN:
+                write_lse = write_lse & row_ok
+            if write_lse:
+                tl.store(Lse + row.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)
+        elif VARLEN:
+            if row_ok:
+                tl.store(Lse + row.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)
+        else:
+            tl.store(Lse + row.to(tl.int64) * stride_lm + pid_h * stride_lh, lse)

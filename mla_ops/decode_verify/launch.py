@@ -321,25 +321,23 @@ def _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides,
                    qo_indptr=None, num_rows=None, drafts=None, balance=0, CP_WORLD=1, CP_INTERLEAVE=1):
     """The split merge (portable Triton), with the chunking of the config stage 1 ran and the
     ``kv_capacity`` of :func:`cache_bounds` (lengths past it are clamped and marked alike).
-    One program per (request, token up to ``qlen``, ``S2_BLOCK_H`` heads, column block): with
-    ``qo_indptr`` the tokens a request does not have write nothing. ``balance``: stage 1
-    balanced its splits (every slot written; a request of one piece already in o)."""
+    One program per (request, token up to ``qlen``, head, column block): with ``qo_indptr``
+    the tokens a request does not have write nothing. ``balance``: stage 1 balanced its splits
+    (every slot written; a request of one piece already in o)."""
     block_dv = next_power_of_2(Lv)
     if cfg["S2_BLOCK_DV"]:
         block_dv = min(block_dv, cfg["S2_BLOCK_DV"])
     tokens = o.shape[0] if batch is None else batch * qlen  # == o.shape[0] without qo_indptr
-    block_hs = min(cfg["S2_BLOCK_H"], next_power_of_2(num_heads))
-    launch(kernels._fwd_verify_stage2, (tokens, cdiv(num_heads, block_hs), cdiv(Lv, block_dv)),
+    launch(kernels._fwd_verify_stage2, (tokens, num_heads, cdiv(Lv, block_dv)),
         workspace, o, lse, seq_lens, real,
         *ws_strides,
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        num_heads, num_kv_splits, kv_capacity, cp_rank_arg, qo_indptr, num_rows,
+        num_kv_splits, kv_capacity, cp_rank_arg, qo_indptr, num_rows,
         QLEN=qlen,
         HAS_REAL=has_real,
         SPLIT_ALIGN=cfg["SPLIT_ALIGN"],
         MIN_SPLIT_LEN=cfg["MIN_SPLIT_LEN"],
         BLOCK_S=cfg["S2_BLOCK_S"],
-        BLOCK_HS=block_hs,
         BLOCK_DV=block_dv,
         Lv=Lv,
         USE_PDL=use_pdl,
