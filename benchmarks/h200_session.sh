@@ -57,11 +57,12 @@
 #                                           # 64-128 CTAs of 16 blocks (ab_lean_bw.json), one
 #                                           # request's CTA alone with 1 and 2 + SPLIT_SCORES
 #                                           # (kt_one_*_equal.json), then leangrid's run 1
-#   bash benchmarks/h200_session.sh merge2  # the merge behind the swap-AB stage 1: the Gluon GPU tests,
+#   bash benchmarks/h200_session.sh merge2  # the merge behind the swap-AB stage 1: the Gluon GPU tests
+#                                           # (-m gpu: 150 s without it ran out on an H100),
 #                                           # the A/B of stage 2's keys (S2_BLOCK_S, S2_BLOCK_DV,
 #                                           # s2_num_warps, PDL) at the swap-AB launches that split
 #                                           # (ab_merge2.json), LEAN_SOFTMAX 0 beside the table there
-#                                           # (ab_lean_h200.json), then M1-M7 beside FlashMLA built
+#                                           # (ab_lean.json), then M1-M7 beside FlashMLA built
 #                                           # from .flashmla/ (decode_verify_flashmla.json)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
@@ -288,13 +289,13 @@ balance() {  # the A/Bs first (each checks its variants against the reference be
 
 merge2() {
   cases="16,1,32,4096 16,1,16,32768 16,2,16,32768 16,2,8,4096 16,2,16,4096 16,2,32,1024 32,1,32,4096"
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon_verify.py 2>&1 \
-    | tail -3 | tee "$OUT/gpu_tests_gluon.txt"
+  timeout 250 python3 -m pytest -q -p no:cacheprovider -n 14 -m gpu tests/test_gluon_verify.py 2>&1 \
+    | tail -4 | tee "$OUT/gpu_tests_gluon.txt"
   timeout 200 python3 benchmarks/ab_decode_verify.py --shape M2 --case $cases --variant '{}' \
     '{"S2_BLOCK_S": 4}' '{"S2_BLOCK_DV": 256}' '{"S2_BLOCK_DV": 128}' '{"s2_num_warps": 2}' \
     '{"PDL": 1}' '{"PDL": 1, "S2_BLOCK_DV": 128}' --rounds 3 --json "$OUT/ab_merge2.json" 2>&1 | tail -60
   timeout 120 python3 benchmarks/ab_decode_verify.py --shape M2 --case $cases 16,1,128,4096 \
-    16,2,128,4096 --variant '{"LEAN_SOFTMAX": 0}' '{}' --rounds 3 --json "$OUT/ab_lean_h200.json" 2>&1 | tail -24
+    16,2,128,4096 --variant '{"LEAN_SOFTMAX": 0}' '{}' --rounds 3 --json "$OUT/ab_lean.json" 2>&1 | tail -24
   flashmla
   timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
     --json "$OUT/decode_verify_flashmla.json" 2>&1 | tail -14
