@@ -64,6 +64,10 @@
 #                                           # (ab_merge2.json), LEAN_SOFTMAX 0 beside the table there
 #                                           # (ab_lean.json), then M1-M7 beside FlashMLA built
 #                                           # from .flashmla/ (decode_verify_flashmla.json)
+#   bash benchmarks/h200_session.sh flashcol # FlashMLA built from .flashmla/, then M1-M7 beside it
+#                                           # (decode_verify_flashmla.json) and the serving step
+#                                           # at B 32 / 128, qlen 2, with its FlashMLA engine
+#                                           # (serving_step.json): the final-run columns
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -300,6 +304,13 @@ merge2() {
   timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
     --json "$OUT/decode_verify_flashmla.json" 2>&1 | tail -14
 }
+flashcol() {
+  flashmla
+  timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
+    --json "$OUT/decode_verify_flashmla.json" 2>&1 | tail -14
+  timeout 200 python3 benchmarks/serving_step_e2e.py --batches 32 128 --qlens 2 \
+    --json "$OUT/serving_step.json" 2>&1 | tail -12
+}
 abtree() {
   base=${AB_BASE:-.ab_base}
   [ -f "$base/mla_ops/__init__.py" ] || { echo "no $base/mla_ops: carry it (run tool: carry)"; return 2; }
@@ -318,6 +329,7 @@ e2e) e2e ;;
 flashmla) flashmla ;;
 abtree) abtree ;;
 merge2) merge2 ;;
+flashcol) flashcol ;;
 balance) balance ;;
 timeline) timeline ;;
 splitscores) splitscores ;;
@@ -328,6 +340,6 @@ leanbw) leanbw ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|merge2|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|merge2|flashcol|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac
