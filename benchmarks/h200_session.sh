@@ -300,14 +300,15 @@ merge2() {
     '{"PDL": 1}' '{"PDL": 1, "S2_BLOCK_DV": 128}' --rounds 3 --json "$OUT/ab_merge2.json" 2>&1 | tail -60
   timeout 120 python3 benchmarks/ab_decode_verify.py --shape M2 --case $cases 16,1,128,4096 \
     16,2,128,4096 --variant '{"LEAN_SOFTMAX": 0}' '{}' --rounds 3 --json "$OUT/ab_lean.json" 2>&1 | tail -24
+  flashmla_column
+}
+flashmla_column() {  # FlashMLA built, then M1-M7 beside it
   flashmla
   timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
     --json "$OUT/decode_verify_flashmla.json" 2>&1 | tail -14
 }
 flashcol() {
-  flashmla
-  timeout 150 python3 benchmarks/benchmark_decode_verify.py --shape all --check \
-    --json "$OUT/decode_verify_flashmla.json" 2>&1 | tail -14
+  flashmla_column
   timeout 200 python3 benchmarks/serving_step_e2e.py --batches 32 128 --qlens 2 \
     --json "$OUT/serving_step.json" 2>&1 | tail -12
 }
