@@ -68,6 +68,12 @@
 #                                           # (decode_verify_flashmla.json) and the serving step
 #                                           # at B 32 / 128, qlen 2, with its FlashMLA engine
 #                                           # (serving_step.json): the issue's final-run columns
+#   bash benchmarks/h200_session.sh fixedcost # where H16's gap to FlashMLA lies: both sides per
+#                                           # kernel at M2-M6 and H16 q2 B32 over L 1k-8k (each
+#                                           # side's intercept and slope, kt_flashmla.json), M2's
+#                                           # CTA timeline (kt_table_equal.json), then Nsight
+#                                           # Compute's duration, SM-active spread and bytes of
+#                                           # every kernel of both at M2 (ncu_m2_gap.csv)
 #   bash benchmarks/h200_session.sh abtree  # AB_BASE (default .ab_base: carry it) against this
 #                                           # tree in one process, decode grid + encoder, with
 #                                           # the same-vs-same floor (ab_tree.py, ~4-6 min)
@@ -312,6 +318,27 @@ flashcol() {
   timeout 200 python3 benchmarks/serving_step_e2e.py --batches 32 128 --qlens 2 \
     --json "$OUT/serving_step.json" 2>&1 | tail -12
 }
+fixedcost() {
+  flashmla
+  timeout 150 python3 benchmarks/kernel_times.py --flashmla --shape M2 M3 M5 M6 --case 16,2,32,1024 \
+    16,2,32,2048 16,2,32,8192 16,1,32,4096 --calls 10 --json "$OUT/kt_flashmla.json" 2>&1 | grep -v Warn
+  kt table '{}' equal --shape M2
+  timeout 150 ncu --clock-control none --kernel-name regex:"verify|flash|mla" --launch-count 14 \
+    --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max,\
+sm__cycles_elapsed.max,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,launch__grid_size,\
+launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
+    --csv --page raw python3 benchmarks/kernel_times.py --flashmla --shape M2 --calls 1 \
+    > "$OUT/ncu_m2_gap.csv" 2> "$OUT/ncu.log" || { echo "ncu failed:"; tail -5 "$OUT/ncu.log"; }
+  python3 - "$OUT/ncu_m2_gap.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if rows:
+    head, body = rows[0], rows[2:]
+    keep = [i for i, h in enumerate(head) if h in ("Kernel Name",) or "__" in h]
+    for r in body:
+        print(" | ".join(f"{head[i].split('.')[0][-22:]}={r[i][:40]}" for i in keep))
+PY
+}
 abtree() {
   base=${AB_BASE:-.ab_base}
   [ -f "$base/mla_ops/__init__.py" ] || { echo "no $base/mla_ops: carry it (run tool: carry)"; return 2; }
@@ -331,6 +358,7 @@ flashmla) flashmla ;;
 abtree) abtree ;;
 merge2) merge2 ;;
 flashcol) flashcol ;;
+fixedcost) fixedcost ;;
 balance) balance ;;
 timeline) timeline ;;
 splitscores) splitscores ;;
@@ -341,6 +369,6 @@ leanbw) leanbw ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|merge2|flashcol|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|merge2|flashcol|fixedcost|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac

@@ -8,6 +8,10 @@ which ``ab_decode_verify.py`` (the whole launch) cannot.
     python benchmarks/kernel_times.py --shape M2 M3 --case 16,4,32,4096 16,1,32,4096,fp8 \\
         --variant '{"STAGE_OUT": 1}' --json kernel_times.json
 
+``--flashmla`` adds, where ``flash_mla`` imports and FlashMLA's dense kernel serves the case
+(bf16, page 64), the same capture and trace of FlashMLA's call (``row["flashmla"]``): its main
+kernel and its combine beside our stage 1 and stage 2, on the same card in the same process.
+
 ``--timeline`` adds, for a launch whose stage 1 is the Gluon family's, one more eager call with
 the CTA timeline probe on (``gluon_launch.cta_timeline``; the call after the one that compiles
 it): each CTA's request, split, SM, start
@@ -48,6 +52,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="request lengths drawn uniformly from [qlen, L] (decode.spread_lengths)")
     p.add_argument("--timeline", action="store_true",
                    help="each Gluon stage-1 CTA's SM, start and end (one more eager call)")
+    p.add_argument("--flashmla", action="store_true",
+                   help="FlashMLA's kernels too, where flash_mla imports and serves the case")
     p.add_argument("--json", metavar="PATH", help="write the rows (with the environment) here")
     args = p.parse_args(argv)
     args.shape = cli.split_names(p, args.shape, SHAPES, "--shape") if args.shape else []
@@ -63,7 +69,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int, spread: bool = False,
-                 timeline: bool = False) -> dict:
+                 timeline: bool = False, flashmla=None) -> dict:
     import torch
 
     cfg = decode.effective_config(api, case, overrides or None)
@@ -79,12 +85,32 @@ def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int, sprea
         for _ in range(calls):
             fn()
     prof = harness.kernel_profile(graph.replay, calls)
+    fm = None
+    if flashmla is not None and decode.flashmla_applies(case, "bf16", "cuda"):
+        fm = captured_profile(decode.flashmla_call(flashmla, inp, case, DEFAULT_SM_SCALE)[0], calls)
     row = {"shape": case.name or case.label, "num_kv_splits": splits, "config": cfg,
            "overrides": overrides, "lens": "spread" if spread else "equal", "per_call_us": prof["per_call_us"],
            "kernels_us": prof["kernels_us"], "max_gap_us": prof["max_gap_us"]}
+    if fm is not None:
+        row["flashmla"] = fm
     if timeline:
         row["timeline"] = cta_timeline(api, case, cfg, splits, inp, overrides)
     return row
+
+
+def captured_profile(fn, calls: int) -> dict:
+    """``fn`` (one call per cache copy) compiled, captured ``calls`` times in one CUDA graph and
+    one replay traced: ``harness.kernel_profile``'s per-call time, kernels and largest gap."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    prof = harness.kernel_profile(graph.replay, calls)
+    return {k: prof[k] for k in ("per_call_us", "kernels_us", "max_gap_us")}
 
 
 def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overrides: dict) -> dict | None:
@@ -162,13 +188,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     api = decode.load_api()
     env = results.env_info()
     cli.banner("decode_verify kernel times", env)
+    flashmla = decode.load_flashmla() if args.flashmla else None
+    if args.flashmla and flashmla is None:
+        print("note: flash_mla does not import here: no FlashMLA rows", flush=True)
     rows = []
     for case in [SHAPES[n].case for n in args.shape] + list(args.case):
-        row = kernel_times(api, case, args.overrides, args.calls, args.spread, args.timeline)
+        row = kernel_times(api, case, args.overrides, args.calls, args.spread, args.timeline, flashmla)
         rows.append(row)
         kernels = ", ".join(f"{n.split('(')[0][:28]} {t:.2f}" for n, t in row["kernels_us"].items())
         print(f"  {row['shape']:32s} splits {row['num_kv_splits']:3d}: {row['per_call_us']:8.2f} us per call "
               f"({kernels}; largest gap {row['max_gap_us']:.2f})", flush=True)
+        fm = row.get("flashmla")
+        if fm:
+            kernels = ", ".join(f"{n.split('(')[0].split('<')[0][-28:]} {t:.2f}" for n, t in fm["kernels_us"].items())
+            print(f"  {'  FlashMLA':32s}            {fm['per_call_us']:8.2f} us per call ({kernels}; "
+                  f"largest gap {fm['max_gap_us']:.2f})", flush=True)
         tl = row.get("timeline")
         if tl:
             pid, req, split, sm, start, end = tl["last"][0][:6]

@@ -1212,6 +1212,8 @@ def test_kernel_times_parses_its_cases_and_says_when_there_is_no_gpu(capsys):
         assert kernel_times.main(["--shape", "M2"]) == 2
         assert capsys.readouterr().err.startswith("kernel_times.py: no CUDA/HIP GPU")
     assert kernel_times.parse_args(["--shape", "M2", "--timeline"]).timeline
+    assert kernel_times.parse_args(["--shape", "M2", "--flashmla"]).flashmla
+    assert not kernel_times.parse_args(["--shape", "M2"]).flashmla
 
 
 @pytest.mark.parametrize("balanced", [False, True], ids=["plain", "balanced"])
