@@ -95,12 +95,16 @@ def time_call(fn: Callable[[], None], device: str, max_replays: int = 200,
     return time_cuda_graph(fn, replays=replays, prequeue_cycles=cycles) / calls_per_fn, replays
 
 
+TIMELINE_CALLS = 4  # kernel_profile keeps each kernel's start and end up to this many calls
+
+
 def kernel_profile(replay: Callable[[], None], calls: int = 1, replays: int = 1) -> dict:
     """Per-kernel GPU times of a captured graph (``replay`` runs it; it holds ``calls`` launches):
     ``replays`` replays traced by ``torch.profiler``. Returns ``kernels_us`` (each kernel name's
     mean time per occurrence), ``per_call_us`` (first kernel start to last kernel end, per
-    call), ``max_gap_us`` (the largest gap between consecutive kernels) and, for one call,
-    ``timeline_us``: each kernel's start and end from the first kernel's start."""
+    call), ``max_gap_us`` (the largest gap between consecutive kernels) and, for at most
+    :data:`TIMELINE_CALLS` calls, ``timeline_us``: each kernel's start and end from the first
+    kernel's start (with a few calls: how one call's kernels overlap the next one's)."""
     replay()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -122,7 +126,7 @@ def kernel_profile(replay: Callable[[], None], calls: int = 1, replays: int = 1)
             # (name, start, end) from the first kernel's start: under PDL a dependent's own
             # time includes its wait for the kernel before it, its end does not lie.
             "timeline_us": [(e.name, e.time_range.start - t0, e.time_range.end - t0) for e in evs]
-            if calls * replays == 1 else []}
+            if calls * replays <= TIMELINE_CALLS else []}
 
 
 def replay_plan(est_us: float, max_replays: int, target_ms: float,

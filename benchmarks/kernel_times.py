@@ -48,6 +48,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="other shapes: heads, verify tokens, batch, keys, and fp8 for an fp8 cache")
     p.add_argument("--variant", default="{}", help="JSON config overrides (default: the table's)")
     p.add_argument("--calls", type=cli.positive, default=20, help="launches per captured graph")
+    p.add_argument("--rotate", type=cli.positive, default=1, metavar="N",
+                   help="N copies of the cache, a call on each in turn (N > 1: no KV in L2 from the call before)")
     p.add_argument("--spread", action="store_true",
                    help="request lengths drawn uniformly from [qlen, L] (decode.spread_lengths)")
     p.add_argument("--timeline", action="store_true",
@@ -69,28 +71,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int, spread: bool = False,
-                 timeline: bool = False, flashmla=None) -> dict:
+                 timeline: bool = False, flashmla=None, rotate: int = 1) -> dict:
     import torch
 
     cfg = decode.effective_config(api, case, overrides or None)
     splits = decode.default_splits(api, case, cfg)
-    inp = decode.make_inputs(case, "cuda", torch.bfloat16)
+    inp = decode.make_inputs(case, "cuda", torch.bfloat16, rotate=rotate)
     if spread:
         decode.spread_lengths(inp, case)
     fn = decode.make_call(api, inp, case.qlen, splits, DEFAULT_SM_SCALE, case.page_size, overrides or None)
-    fn()  # compiles outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    prof = harness.kernel_profile(graph.replay, calls)
+    prof = captured_profile(fn, calls, rotate)
     fm = None
     if flashmla is not None and decode.flashmla_applies(case, "bf16", "cuda"):
-        fm = captured_profile(decode.flashmla_call(flashmla, inp, case, DEFAULT_SM_SCALE)[0], calls)
+        fm = captured_profile(decode.flashmla_call(flashmla, inp, case, DEFAULT_SM_SCALE)[0], calls, rotate)
     row = {"shape": case.name or case.label, "num_kv_splits": splits, "config": cfg,
            "overrides": overrides, "lens": "spread" if spread else "equal", "per_call_us": prof["per_call_us"],
-           "kernels_us": prof["kernels_us"], "max_gap_us": prof["max_gap_us"]}
+           "rotate": rotate, "kernels_us": prof["kernels_us"], "max_gap_us": prof["max_gap_us"],
+           "timeline_us": prof["timeline_us"]}
     if fm is not None:
         row["flashmla"] = fm
     if timeline:
@@ -98,19 +95,20 @@ def kernel_times(api: decode.Api, case: Case, overrides: dict, calls: int, sprea
     return row
 
 
-def captured_profile(fn, calls: int) -> dict:
-    """``fn`` (one call per cache copy) compiled, captured ``calls`` times in one CUDA graph and
-    one replay traced: ``harness.kernel_profile``'s per-call time, kernels and largest gap."""
+def captured_profile(fn, calls: int, copies: int = 1) -> dict:
+    """``fn`` (one launch per cache copy: ``copies`` launches) compiled, captured ``calls`` times
+    in one CUDA graph and one replay traced: ``harness.kernel_profile``'s time per launch,
+    kernels, largest gap and (a few launches) timeline."""
     import torch
 
-    fn()
+    fn()  # compiles outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    prof = harness.kernel_profile(graph.replay, calls)
-    return {k: prof[k] for k in ("per_call_us", "kernels_us", "max_gap_us")}
+    prof = harness.kernel_profile(graph.replay, calls * copies)
+    return {k: prof[k] for k in ("per_call_us", "kernels_us", "max_gap_us", "timeline_us")}
 
 
 def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overrides: dict) -> dict | None:
@@ -180,6 +178,17 @@ def summarize_timeline(marks: list, row_blocks: int, batch: int, splits: int,
             "phases_us": phases, "last": last, "ctas": ctas}
 
 
+def short_name(name: str) -> str:
+    """A kernel's name without its template arguments, signature and namespaces."""
+    return name.split("(")[0].split("<")[0].split("::")[-1].strip()[:32]
+
+
+def print_timeline(timeline: list) -> None:
+    """Each kernel's start and end (µs from the first start) of a capture of a few launches."""
+    if timeline:
+        print("      " + ", ".join(f"{short_name(n)} {a:.2f}-{b:.2f}" for n, a, b in timeline), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -193,16 +202,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("note: flash_mla does not import here: no FlashMLA rows", flush=True)
     rows = []
     for case in [SHAPES[n].case for n in args.shape] + list(args.case):
-        row = kernel_times(api, case, args.overrides, args.calls, args.spread, args.timeline, flashmla)
+        row = kernel_times(api, case, args.overrides, args.calls, args.spread, args.timeline, flashmla,
+                           args.rotate)
         rows.append(row)
         kernels = ", ".join(f"{n.split('(')[0][:28]} {t:.2f}" for n, t in row["kernels_us"].items())
         print(f"  {row['shape']:32s} splits {row['num_kv_splits']:3d}: {row['per_call_us']:8.2f} us per call "
               f"({kernels}; largest gap {row['max_gap_us']:.2f})", flush=True)
+        print_timeline(row["timeline_us"])
         fm = row.get("flashmla")
         if fm:
-            kernels = ", ".join(f"{n.split('(')[0].split('<')[0][-28:]} {t:.2f}" for n, t in fm["kernels_us"].items())
+            kernels = ", ".join(f"{short_name(n)} {t:.2f}" for n, t in fm["kernels_us"].items())
             print(f"  {'  FlashMLA':32s}            {fm['per_call_us']:8.2f} us per call ({kernels}; "
                   f"largest gap {fm['max_gap_us']:.2f})", flush=True)
+            print_timeline(fm["timeline_us"])
         tl = row.get("timeline")
         if tl:
             pid, req, split, sm, start, end = tl["last"][0][:6]

@@ -1214,6 +1214,8 @@ def test_kernel_times_parses_its_cases_and_says_when_there_is_no_gpu(capsys):
     assert kernel_times.parse_args(["--shape", "M2", "--timeline"]).timeline
     assert kernel_times.parse_args(["--shape", "M2", "--flashmla"]).flashmla
     assert not kernel_times.parse_args(["--shape", "M2"]).flashmla
+    assert kernel_times.parse_args(["--shape", "M2", "--rotate", "3"]).rotate == 3
+    assert kernel_times.parse_args(["--shape", "M2"]).rotate == 1
 
 
 @pytest.mark.parametrize("balanced", [False, True], ids=["plain", "balanced"])
