@@ -334,9 +334,11 @@ import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if rows:
     head, body = rows[0], rows[2:]
-    keep = [i for i, h in enumerate(head) if h in ("Kernel Name",) or "__" in h]
+    want = ("Kernel Name", "gpu__time_duration.sum", "launch__grid_size", "sm__cycles_active.avg",
+            "sm__cycles_active.min", "sm__cycles_active.max", "dram__bytes_read.sum", "lts__t_bytes.sum")
+    keep = [head.index(w) for w in want if w in head]
     for r in body:
-        print(" | ".join(f"{head[i].split('.')[0][-22:]}={r[i][:40]}" for i in keep))
+        print(" | ".join(f"{head[i]}={r[i][:40]}" for i in keep))
 PY
 }
 abtree() {

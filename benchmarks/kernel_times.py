@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = kernel_times(api, case, args.overrides, args.calls, args.spread, args.timeline, flashmla,
                            args.rotate)
         rows.append(row)
-        kernels = ", ".join(f"{n.split('(')[0][:28]} {t:.2f}" for n, t in row["kernels_us"].items())
+        kernels = ", ".join(f"{short_name(n)} {t:.2f}" for n, t in row["kernels_us"].items())
         print(f"  {row['shape']:32s} splits {row['num_kv_splits']:3d}: {row['per_call_us']:8.2f} us per call "
               f"({kernels}; largest gap {row['max_gap_us']:.2f})", flush=True)
         print_timeline(row["timeline_us"])
