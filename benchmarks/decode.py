@@ -130,11 +130,18 @@ def effective_config(api: Api, case: Case, overrides: dict | None, dtype: str = 
 
 def default_splits(api: Api, case: Case, cfg: dict) -> int:
     """The split cap serving passes for ``cfg``: ``verify_num_kv_splits`` with its BLOCK_H and
-    SPLIT_WORK (what ``plan_verify`` computes for the table's config)."""
+    SPLIT_WORK (what ``plan_verify`` computes for the table's config; with ``GRID``, the
+    balanced grid's cap where it takes the launch)."""
+    extra = {}
+    if cfg.get("GRID"):  # (a config key of this tree's mla_ops only: the A/B base has none)
+        from mla_ops.decode_verify.gluon_launch import grid_takes
+
+        extra["grid"] = grid_takes(cfg, case.qlen, case.H, fp8=case.fp8, tree=False, ragged=False,
+                                   context_parallel=False, single=False)
     return api.verify_num_kv_splits(case.L, case.B, case.qlen, case.H, api.sm_count,
                                     block_h=cfg.get("BLOCK_H"),
                                     min_work_per_split=cfg.get("SPLIT_WORK"),
-                                    balance=cfg.get("BALANCE", 0))
+                                    balance=cfg.get("BALANCE", 0), **extra)
 
 
 def launches(api: Api, case: Case, args: argparse.Namespace) -> list[tuple]:

@@ -57,6 +57,10 @@
 #                                           # 64-128 CTAs of 16 blocks (ab_lean_bw.json), one
 #                                           # request's CTA alone with 1 and 2 + SPLIT_SCORES
 #                                           # (kt_one_*_equal.json), then leangrid's run 1
+#   bash benchmarks/h200_session.sh grid    # the balanced grid (GRID): its GPU tests beside the
+#                                           # swap-AB and balance ones, then the A/B against the
+#                                           # table at ragged (uniform in [qlen, L]) and equal
+#                                           # lengths, two runs (ab_grid_{spread,equal}_run*.json)
 #   bash benchmarks/h200_session.sh merge2  # the merge behind the swap-AB stage 1: the Gluon GPU tests
 #                                           # (-m gpu: 150 s without it ran out on an H100),
 #                                           # the A/B of stage 2's keys (S2_BLOCK_S, S2_BLOCK_DV,
@@ -318,6 +322,21 @@ flashcol() {
   timeout 200 python3 benchmarks/serving_step_e2e.py --batches 32 128 --qlens 2 \
     --json "$OUT/serving_step.json" 2>&1 | tail -12
 }
+grid() {  # the balanced grid (GRID): its GPU tests and the swap-AB / balance ones it shares code
+  # with, then A/Bs against the table at serving's ragged lengths and at equal ones, two runs
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" -m gpu tests/test_gluon_verify.py \
+    tests/test_checked_mode.py tests/test_decode_verify.py -k "grid or swapab or balance or H16-q2-B3" 2>&1 \
+    | tee "$OUT/gpu_tests_grid.txt" | tail -6
+  local run
+  for run in 1 2; do
+    timeout 120 python3 benchmarks/ab_decode_verify.py --case 16,2,32,4096 16,2,64,4096 16,2,128,4096 \
+      16,1,128,4096 --spread --variant '{}' '{"GRID": 1}' --rounds 3 \
+      --json "$OUT/ab_grid_spread_run$run.json" 2>&1 | tail -12
+    timeout 120 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,1,32,4096 16,1,128,4096 \
+      16,2,128,4096 16,2,16,32768 16,2,16,4096 --variant '{}' '{"GRID": 1}' --rounds 3 \
+      --json "$OUT/ab_grid_equal_run$run.json" 2>&1 | tail -14
+  done
+}
 fixedcost() {
   flashmla
   timeout 150 python3 benchmarks/kernel_times.py --flashmla --shape M2 M3 M5 M6 --case 16,2,32,1024 \
@@ -361,6 +380,7 @@ abtree) abtree ;;
 merge2) merge2 ;;
 flashcol) flashcol ;;
 fixedcost) fixedcost ;;
+grid) grid ;;
 balance) balance ;;
 timeline) timeline ;;
 splitscores) splitscores ;;

@@ -49,9 +49,11 @@ import torch
 import torch.distributed as dist
 
 from . import platform, reference
+from .decode_verify.gluon_launch import grid_takes
 from .decode_verify.launch import decode_attention_fwd_verify, launch_config
 from .decode_verify.splits import verify_num_kv_splits
 from .merge.launch import merge_attn_states, rescale_attn_partial
+from .numerics import FP8_DTYPES
 
 
 def check_context_parallel(cp_world, cp_rank, cp_interleave) -> None:
@@ -390,7 +392,11 @@ class CPVerify:
                                                  num_heads, platform.current().sm_count,
                                                  block_h=cfg["BLOCK_H"],
                                                  min_work_per_split=cfg["SPLIT_WORK"],
-                                                 balance=cfg.get("BALANCE", 0))
+                                                 balance=cfg.get("BALANCE", 0),
+                                                 grid=grid_takes(cfg, max_qlen, num_heads,
+                                                                 fp8=(kv_dtype or dtype) in FP8_DTYPES, tree=False,
+                                                                 ragged=False, context_parallel=self.world > 1,
+                                                                 single=False))
         self.num_kv_splits = num_kv_splits
         dev = torch.device(device)
         self._o_part = torch.empty(self.max_rows * num_heads * Lv, dtype=dtype, device=dev)

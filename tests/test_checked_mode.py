@@ -620,6 +620,7 @@ GPU_OOB = textwrap.dedent(r"""
     from builders import decode_case, encoder_case
 
     kind, family = sys.argv[1], sys.argv[2]
+    extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}  # more config keys (decode)
 
     def run(name, call, check):
         out = {"case": name}
@@ -667,7 +668,7 @@ GPU_OOB = textwrap.dedent(r"""
                 args = case.op_args(splits)
                 change(args)
                 def call(args=args):
-                    mla_ops.decode_attention_fwd_verify(**args, config={"family": family})
+                    mla_ops.decode_attention_fwd_verify(**args, config={"family": family, **extra})
                 def check(args=args, bad=bad):
                     rows = case.rows([bad])
                     marked = bool(args["o"][rows].isnan().all() and args["lse"][rows].isnan().all())
@@ -736,16 +737,20 @@ def _assert_all_marked(lines):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family,page", [("triton", 1), ("triton", 16), ("triton", 64),
-                                         ("gluon", 64)],
-                         ids=["triton-p1", "triton-p16", "triton-p64", "gluon-p64"])
-def test_gpu_out_of_range_page_without_checked_mode(family, page):
+@pytest.mark.parametrize("family,page,extra", [("triton", 1, {}), ("triton", 16, {}), ("triton", 64, {}),
+                                               ("gluon", 64, {}),
+                                               ("gluon", 64, {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "GRID": 1})],
+                         ids=["triton-p1", "triton-p16", "triton-p64", "gluon-p64", "gluon-grid-p64"])
+def test_gpu_out_of_range_page_without_checked_mode(family, page, extra):
     """What the GPU does with out-of-range metadata when nobody checks (the README's bad-input
     section): never a fault, never silent. Pages num_pages, 2^20, 2^28 and -1 (mid-request and
     read by the last token only), a length past the block table, a negative length, with one
     split and four: the call completes, the bad request's rows are NaN in o and lse, the
-    others are right. (bf16; the Gluon family needs pages of 64.)"""
-    _assert_all_marked(_gpu_oob("decode", family, page))
+    others are right. (bf16; the Gluon family needs pages of 64; "grid": with four splits on the
+    balanced grid, whose CTAs read every request's length to lay out the batch.)"""
+    import json
+
+    _assert_all_marked(_gpu_oob("decode", family, page, json.dumps(extra)))
 
 
 @pytest.mark.gpu

@@ -225,6 +225,75 @@ def test_balanced_splits_of_equal_lengths_are_the_plain_count():
         assert balanced_pieces(case, cap, 2) == [plain] * batch
 
 
+# --- the balanced grid (GRID: splits.py, the swap-AB Gluon kernel) ----------------------------
+
+GRID_KEYS = {  # each request's keys: ragged, equal, none, one request dominating, more than 128
+    "ragged": [4000, 64, 1, 900, 2500, 130], "equal": [4096] * 32, "empty": [0, 0, 0],
+    "dominant": [100000, 0, 64, 1], "B300": [1 + (i * 977) % 3000 for i in range(300)],
+    "one": [70], "uniform128": [2 + (i * 7919) % 4095 for i in range(128)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRID_KEYS))
+@pytest.mark.parametrize("cap", [2, 3, None])
+@pytest.mark.parametrize("grid", [132, 7])
+def test_grid_segments_cover_every_block_once(name, cap, grid):
+    """The kernel's arithmetic on the host (``splits.grid_segments``): every request has
+    segments in slots 0..k-1 of its k <= cap CTAs, one each and each CTA's in request order,
+    whose blocks tile the request's blocks exactly once (a request without keys: one segment of
+    none); no CTA holds more blocks than its even share of the units (blocks + REQUEST_COST a
+    request) rounded up."""
+    from mla_ops.decode_verify.splits import grid_num_kv_splits, grid_segments
+
+    keys = GRID_KEYS[name]
+    cap = cap or grid_num_kv_splits(len(keys), grid)
+    segs = grid_segments(keys, grid, cap, 64, 2)
+    assert len(segs) == grid
+    by_req = {}
+    for c, cta in enumerate(segs):
+        assert [s[0] for s in cta] == sorted(s[0] for s in cta)
+        for r, slot, k, b0, b1 in cta:
+            by_req.setdefault(r, []).append((slot, k, b0, b1))
+    assert sorted(by_req) == list(range(len(keys)))
+    units = sum(max(-(-n // 64), 1) + 2 for n in keys)
+    for r, n in enumerate(keys):
+        got = by_req[r]
+        k = got[0][1]
+        assert {g[1] for g in got} == {k} and 1 <= k <= cap
+        assert sorted(g[0] for g in got) == list(range(k))
+        ranges = sorted((b0, b1) for _, _, b0, b1 in got if b1 > b0)
+        covered = 0
+        for b0, b1 in ranges:
+            assert b0 == covered, (r, ranges)
+            covered = b1
+        assert covered == -(-n // 64)
+    # the CTAs that hold work: the grid, or fewer where the longest request's blocks would meet
+    # more than cap of them (the module's docstring)
+    span = max(max(-(-n // 64), 1) - 1 for n in keys)
+    g = min(grid, max((cap - 1) * units // span, 1)) if span else grid
+    assert not any(segs[g:]), "the CTAs past g hold nothing"
+    for cta in segs:
+        assert sum(b1 - b0 for _, _, _, b0, b1 in cta) <= -(-units // g)
+
+
+def test_grid_split_cap_keeps_ragged_batches_on_the_whole_grid():
+    """``verify_num_kv_splits(grid=True)`` is ``grid_num_kv_splits``: ``1 + cdiv(2 SMs, B)``, so
+    a batch whose longest request holds twice the mean keeps every CTA (the kernel narrows the
+    grid only past that); a batch one request dominates is narrowed to fit the cap."""
+    from mla_ops.decode_verify.splits import grid_num_kv_splits, grid_segments, verify_num_kv_splits
+
+    for batch, cap in ((1, 265), (32, 10), (64, 6), (128, 4), (300, 2)):
+        assert grid_num_kv_splits(batch, 132) == cap
+        assert verify_num_kv_splits(4096, batch, 2, 16, 132, block_h=64, min_work_per_split=256, balance=0,
+                                    grid=True) == cap
+    for batch in (32, 64, 128):
+        keys = [2 + (i * 7919) % 4095 for i in range(batch)]  # uniform in [2, 4096]
+        segs = grid_segments(keys, 132, grid_num_kv_splits(batch, 132))
+        assert all(cta for cta in segs), "every CTA holds work"
+    segs = grid_segments([100000, 64, 1], 132, 4)
+    assert 0 < sum(1 for cta in segs if cta) < 132
+
+
 @pytest.mark.parametrize("why,kw,config", [
     ("page-not-multiple-of-block", dict(page=1, layout="3d"), {}),
     ("split-align-not-multiple", dict(page=16), {"SPLIT_ALIGN": 8, "BLOCK_N": 16}),

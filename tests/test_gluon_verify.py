@@ -94,6 +94,8 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
 
     timeline = schedule.endswith("-tl")  # the CTA timeline probe (gluon_launch.cta_timeline)
     schedule = schedule.removesuffix("-tl")
+    grid = schedule.endswith("-grid")  # the balanced grid (the config's GRID; swap-AB, splits)
+    schedule = schedule.removesuffix("-grid")
     balance = schedule.endswith("-bal")  # balanced splits (the config's BALANCE 2)
     schedule = schedule.removesuffix("-bal")
     stage_out = schedule.endswith("-out")
@@ -153,6 +155,10 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
     if timeline:
         sig["Timeline"] = "*i64"
         constexprs["TIMELINE"] = True
+    if grid:
+        assert not single, "the balanced grid needs a workspace (splits > 1)"
+        sig["batch"] = "i32"
+        constexprs["GRID"] = True
     if schedule.startswith("seesaw-stage"):
         constexprs["STAGE_ORDER"] = True
     if schedule.endswith("-prod"):
@@ -228,6 +234,10 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, fp8, False, False, False)
 # (M2's swap-AB, the seesaw of M3 / M5): the same registers and spills as without it.
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, False, single, False, False)
              for h, sched, single in ((16, "swapab-tl", False), (128, "seesaw-stage-prod-named-out-tl", True))]
+# The balanced grid (GRID, bf16 swap-AB with splits): the table's form (LEAN_SOFTMAX 1) and the
+# one with SPLIT_SCORES and LEAN_SOFTMAX 2.
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, False, False, False)
+             for sched in ("swapab-lean1-grid", "swapab-split-lean2-grid")]
 # On a triton the GPU does not run (the unpinned CI job), where spills and serialization are
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
@@ -237,7 +247,7 @@ BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", T
               ("seesaw-prod", True, 128), ("swapab-blocks", True, 16),
               ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128),
               ("alt-bal", False, 16), ("swapab-tl", False, 16), ("swapab-split", False, 16),
-              ("swapab-lean2", False, 16)}
+              ("swapab-lean2", False, 16), ("swapab-lean1-grid", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -309,6 +319,12 @@ MAX_SPILL_DRAFTS = {("alt-early", True): 224}
 # the fp8 seesaw: stored before the groups' block loops and reloaded after them; the loops
 # reload what they did without the key.
 BALANCE_EXTRA_SPILL = 56
+# The balanced grid: the segment loop's scalars (the CTA's unit range, the next request's first
+# unit, the ring's block count) and the epilogue's two destinations: 44 bytes with LEAN_SOFTMAX 1
+# and with SPLIT_SCORES + LEAN_SOFTMAX 2 (swap-AB alone: 0). Read in the SASS of the first: the
+# kernel's arguments stored at its start and reloaded once per segment, outside the block loops;
+# the producer warp (24 registers) keeps one word in local memory across its segment loop.
+GRID_EXTRA_SPILL = 48
 
 
 @pytest.mark.skipif(_BUILD_WHY is not None, reason=f"no Gluon API of the kernels here: {_BUILD_WHY}")
@@ -333,14 +349,15 @@ def test_offline_compile_sm90a(variant, offline_reports):
     schedule = schedule.removesuffix("-tl")
     # (the spill limits below hold with STAGE_OUT, NAMED_EXCHANGE and the probe too)
     balance = schedule.endswith("-bal")
-    schedule = schedule.removesuffix("-bal").removesuffix("-out").removesuffix("-named")
+    grid = schedule.endswith("-grid")
+    schedule = schedule.removesuffix("-bal").removesuffix("-grid").removesuffix("-out").removesuffix("-named")
     if _GPU_CHECKED:
         # Serialized wgmmas and spills are facts of the compiler the GPU runs (triton 3.6): on
         # 3.9 the seesaw kernel's wgmmas are serialized for register pressure (C7512), but the
         # GPU never runs it there (``gluon_available``).
         assert not r["serialized"], r
         limit = (MAX_SPILL[(schedule, fp8)] + (CP_EXTRA_SPILL if cp else 0) + (DRAFTS_EXTRA_SPILL if drafts else 0)
-                 + (BALANCE_EXTRA_SPILL if balance else 0))
+                 + (BALANCE_EXTRA_SPILL if balance else 0) + (GRID_EXTRA_SPILL if grid else 0))
         if drafts:
             limit = max(limit, MAX_SPILL_DRAFTS.get((schedule, fp8), 0))
         assert r["spills"] <= limit, r
@@ -376,7 +393,7 @@ def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balanc
         pytest.skip("the Gluon kernels do not import here")
     seen = {}
     monkeypatch.setattr(gla, "_descriptors", lambda *a: ("q_desc", "k_desc"))
-    monkeypatch.setattr(gla, "launch", lambda fn, grid, *args, **kw: seen.update(fn=fn, kw=kw))
+    monkeypatch.setattr(gla, "launch", lambda fn, grid, *args, **kw: seen.update(fn=fn, kw=kw, grid=grid))
     B, page = 2, 64
     q = torch.randn(B * qlen, heads, LK, dtype=torch.bfloat16)
     k = torch.randn(4, page, 1, LK, dtype=torch.bfloat16)
@@ -390,7 +407,33 @@ def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balanc
     mid = torch.empty(B * qlen, heads, splits, LV + 1) if splits > 1 else None
     gla.launch_verify_stage1_gluon(q, k, torch.ones(()), table, lens, lens, False, o, lse, mid, qlen, splits, 0.1,
                                    page, LV, cfg, tree_mask=tree_mask, balance=balance)
+    _recorded_launch.grid = seen["grid"]
     return seen["fn"], seen["kw"]
+
+
+@pytest.mark.parametrize("qlen,cfg,fp8,tree,splits,passed", [
+    (2, {}, False, False, 4, True), (1, {}, False, False, 4, True), (2, {"SPLIT_SCORES": 1}, False, False, 4, True),
+    (2, {}, False, False, 1, False), (2, {}, True, False, 4, False), (3, {}, False, False, 4, False),
+    (2, {}, False, True, 4, False), (2, {"SWAPAB_BLOCKS": 1}, False, False, 4, False),
+    (2, {"BALANCE": 2}, False, False, 4, False)])
+@pytest.mark.parametrize("key", [0, 1])
+def test_grid_reaches_the_bf16_swapab_kernel_with_splits_only(qlen, cfg, fp8, tree, splits, passed, key,
+                                                              monkeypatch):
+    """GRID runs the swap-AB kernel of a bf16 cache with a workspace on the balanced grid (one
+    CTA per SM, the batch and REQUEST_COST passed), only when set; a single split, an fp8 cache,
+    draft trees, alt (what swap-AB does not take), SWAPAB_BLOCKS and BALANCE run the grid of
+    (row block, request, split) without the keys, as ``grid_takes`` tells the launcher's stage 2."""
+    from mla_ops.platform import current
+
+    full = {"SCHEDULE": "swapab", "GRID": key, "REQUEST_COST": 3, **cfg}
+    _, kw = _recorded_launch(qlen, 16, full, monkeypatch, tree=tree, splits=splits, fp8=fp8,
+                             balance=cfg.get("BALANCE", 0) if splits > 1 else 0)
+    on = bool(key and passed)
+    assert gla.grid_takes(full, qlen, 16, fp8=fp8, tree=tree, ragged=False, context_parallel=False,
+                          single=splits == 1) is on
+    assert kw.get("GRID") == (True if on else None)
+    assert (kw.get("batch"), kw.get("REQUEST_COST")) == ((2, 3) if on else (None, None))
+    assert _recorded_launch.grid == ((current().sm_count,) if on else (gla.gluon_row_blocks(qlen, 16) * 2 * splits,))
 
 
 @pytest.mark.parametrize("schedule,heads,qlen", [("alt", 16, 4), ("seesaw", 128, 1), ("swapab", 16, 2),
@@ -581,6 +624,9 @@ def gluon_verify(c, num_kv_splits, cfg=None, outs=None):
     # PDL: stage 2 a programmatic dependent of stage 1, which lets it launch from its start.
     pdl = bool(cfg.get("PDL")) and num_kv_splits > 1
     balance = cfg.get("BALANCE", 0) if num_kv_splits > 1 else 0  # balanced splits need a workspace
+    # the balanced grid leaves its partials as balanced splits do (stage 2 reads every slot)
+    pieces = balance or gla.grid_takes(cfg, c["qlen"], heads, fp8=c["k"].dtype == FP8, tree=False, ragged=False,
+                                       context_parallel=False, single=num_kv_splits == 1)
     gla.launch_verify_stage1_gluon(q, c["k"], k_scale, c["table"], c["seq_lens"], real, has_real, o,
                                    lse, mid, c["qlen"], num_kv_splits, SM_SCALE, c["page_size"], LV, cfg,
                                    launch_dependents=pdl, balance=balance)
@@ -589,7 +635,7 @@ def gluon_verify(c, num_kv_splits, cfg=None, outs=None):
         capacity = cache_bounds(c["k"], c["table"], c["page_size"])[1]
         launch._launch_stage2(stage2, mid, o, lse, c["seq_lens"], real, has_real,
                               mid.stride()[:3], c["qlen"], heads, num_kv_splits, LV, None, pdl,
-                              capacity, balance=balance)
+                              capacity, balance=pieces)
     return o, lse
 
 
@@ -673,7 +719,11 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              "swapab-balance": {"SCHEDULE": "swapab", "BALANCE": 2},
              "swapab-blocks-balance": {"SCHEDULE": "swapab", "SWAPAB_BLOCKS": 1, "BALANCE": 3},
              "swapab-split-balance": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "BALANCE": 2},
-             "swapab-lean2-balance": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 2, "BALANCE": 2}}
+             "swapab-lean2-balance": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 2, "BALANCE": 2},
+             # the balanced grid (one CTA per SM, each an equal share of the batch's blocks across
+             # requests; bf16 swap-AB with splits, the others run without it)
+             "swapab-lean1-grid": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "GRID": 1},
+             "swapab-split-lean2-grid": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "LEAN_SOFTMAX": 2, "GRID": 1}}
 
 # Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
 # token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
@@ -702,6 +752,62 @@ def test_gluon_matches_reference(case, schedule):
                                       "swapab-split-lean2", "swapab-lean2-balance"])
 def test_gluon_swapab_matches_reference(case, schedule):
     _check_case(case, SCHEDULES[schedule])
+
+
+# The balanced grid's own cases (bf16, rows of a request <= 32: the launches it takes):
+# ragged lengths with a request of one key beside long ones, padded drafts with a request of no
+# real key, more requests than one step of the kernel's passes over the lengths (128), a batch
+# one request dominates (the kernel narrows the grid to the slots), H8 q4 of equal lengths;
+# caps from 2 up to the grid's own (None: ``splits.grid_num_kv_splits``).
+GRID_CASES = [
+    ("H16-q2-B6-ragged", 6, 16, 2, [4000, 64, 1, 900, 2500, 130], 64, None, (2, 4, None)),
+    ("H16-q1-B5-real-p128", 5, 16, 1, [3000, 200, 1200, 70, 5], 128, [2990, 0, 1200, 70, 5], (3, None)),
+    ("H16-q2-B150", 150, 16, 2, [1 + (i * 977) % 3000 for i in range(150)], 64, None, (2, None)),
+    ("H16-q2-B3-dominant", 3, 16, 2, [8000, 1, 64], 64, None, (2, 5, None)),
+    ("H8-q4-B40-equal", 40, 8, 4, [2048] * 40, 64, None, (None,)),
+]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("schedule", ["swapab-lean1-grid", "swapab-split-lean2-grid"])
+@pytest.mark.parametrize("case", GRID_CASES, ids=[c[0] for c in GRID_CASES])
+def test_gluon_grid_matches_reference(case, schedule):
+    """The balanced grid meets the rule, and its workspace shows the segments of the host's
+    mirror of the kernel's arithmetic (``splits.grid_segments``): a request of one segment went
+    straight to o (slot 1's lse +inf), one of k segments has every slot below k written (no
+    NaN) and -inf past k."""
+    from mla_ops.decode_verify.splits import grid_num_kv_splits, grid_segments
+    from mla_ops.platform import current
+
+    _, B, H, qlen, lens, page, real, caps = case
+    cfg = {**gla.GLUON_DEFAULT_CONFIG, **SCHEDULES[schedule]}
+    c = make_case(B, H, qlen, None, page, real=real, lens=lens, seed=B + qlen)
+    capacity = cache_bounds(c["k"], c["table"], c["page_size"])[1]
+    keys = [min(max(min(n, r), 0), capacity) for n, r in zip(lens, real or lens)]
+    sms = current().sm_count  # the grid the launcher runs
+    for cap in caps:
+        cap = cap or grid_num_kv_splits(B, sms)
+        rows = B * qlen
+        o = torch.full((rows, H, LV), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((rows, H), float("nan"), dtype=torch.float32, device="cuda")
+        mid = torch.full((rows, H, cap, LV + 1), float("nan"), dtype=torch.float32, device="cuda")
+        gluon_verify(c, cap, cfg, outs=(o, lse, mid))
+        torch.cuda.synchronize()
+        check(c, o, lse)
+        segments = {}
+        for cta in grid_segments(keys, sms, cap, cfg["BLOCK_N"], cfg["REQUEST_COST"]):
+            for r, _, k, _, _ in cta:
+                segments[r] = k
+        assert sorted(segments) == list(range(B)) and max(segments.values()) <= cap
+        slot_lse = mid[..., LV].view(B, qlen, H, cap)
+        for r, k in segments.items():
+            if k == 1:
+                assert (slot_lse[r, :, :, 1] == float("inf")).all(), f"request {r}: one segment, slot 1 +inf"
+            else:
+                assert not slot_lse[r, :, :, :k].isnan().any(), f"request {r}: {k} segments, each slot written"
+                assert (slot_lse[r, :, :, k:] == float("-inf")).all(), f"request {r}: slots past {k} unused"
+        assert max(segments.values()) > 1, "the case spreads a request over CTAs"
 
 
 def _check_case(case, cfg):
@@ -740,7 +846,7 @@ def test_gluon_cuda_graph_replay_new_inputs(fp8, schedule):
 @needs_hopper
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("schedule", ["swapab", "swapab-blocks", "swapab-blocks-balance", "swapab-split",
-                                      "swapab-lean2"])
+                                      "swapab-lean2", "swapab-lean1-grid"])
 def test_gluon_swapab_cuda_graph_replay_new_inputs(fp8, schedule):
     _graph_replay(fp8, SCHEDULES[schedule], qlen=2)
 

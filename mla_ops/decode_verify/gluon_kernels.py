@@ -131,8 +131,10 @@ def _local(n, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr):
 def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX: gl.constexpr,
           HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr,
           BLOCK_N: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr,
-          Qo_Indptr, num_rows, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr):
-    """This CTA's work item, from its program id. Every partition computes it itself (scalar
+          Qo_Indptr, num_rows, VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr,
+          SEGMENT: gl.constexpr = False, seg=None):
+    """This CTA's work item, from its program id (SEGMENT: the balanced grid's segment ``seg``,
+    ``_grid_segment``'s ``(request, slot, segments, first block, end block)``). Every partition computes it itself (scalar
     work on kernel arguments), rather than keeping the parent's values live across the
     warp-specialized region (that spilled the default partition's registers).
 
@@ -146,7 +148,12 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     # Row blocks vary fastest: the row blocks of one (request, split) run side by side and
     # share its KV tiles through L2.
     pid_rb = pid % row_blocks
-    if BALANCE:
+    if SEGMENT:
+        pid_rb = 0  # (one row block a request: the swap-AB schedule's)
+        pid_b = seg[0]
+        pid_s = seg[1]
+        k_req = seg[2]
+    elif BALANCE:
         # The batch's pieces request by request (``_balanced_piece``); a CTA past them has
         # returned (``_holds_piece``).
         batch = gl.num_programs(0) // (row_blocks * num_kv_splits)
@@ -192,11 +199,15 @@ def _work(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_
     req_lim = _local(_row_limit(qlen_b - 1, seq_len, real_len, qlen_b), cp_rank, CP_WORLD, CP_INTERLEAVE)
     # Split s covers [s * chunk, min((s + 1) * chunk, L)), as in the portable kernel. BALANCE:
     # the request is cut into k_req pieces by its share of the batch's keys.
-    if not BALANCE:
-        k_req = num_kv_splits
-    chunk = split_chunk(local_len, k_req, SPLIT_ALIGN, MIN_SPLIT_LEN)
-    split_start = pid_s * chunk
-    split_end = gl.minimum(split_start + chunk, local_len)
+    if SEGMENT:
+        split_start = seg[3] * BLOCK_N
+        split_end = gl.minimum(seg[4] * BLOCK_N, local_len)
+    else:
+        if not BALANCE:
+            k_req = num_kv_splits
+        chunk = split_chunk(local_len, k_req, SPLIT_ALIGN, MIN_SPLIT_LEN)
+        split_start = pid_s * chunk
+        split_end = gl.minimum(split_start + chunk, local_len)
     kv_end = gl.minimum(split_end, max_lim)  # no row of the tile needs keys past this
     full_end = gl.minimum(split_end, min_lim)  # every valid row sees every key below this
     n_blocks = gl.cdiv(gl.maximum(kv_end - split_start, 0), BLOCK_N)
@@ -267,6 +278,84 @@ def _holds_piece(Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacit
     req, _, _ = _balanced_piece(Seq_Lens, Real_Lens, gl.program_id(0) // row_blocks, batch, num_kv_splits,
                                 kv_capacity, cp_rank, CP_WORLD, CP_INTERLEAVE, BALANCE)
     return req >= 0
+
+
+@gluon.jit
+def _grid_blocks(Seq_Lens, Real_Lens, offs, batch, kv_capacity, BLOCK_N: gl.constexpr):
+    """The blocks requests ``offs`` bring to the balanced grid (``splits.py``): at least 1 each
+    (a request without keys still has its rows to write), 0 past the batch."""
+    n = _balance_keys(Seq_Lens, Real_Lens, offs, batch, kv_capacity, None, 1, 1)
+    return gl.where(offs < batch, gl.maximum(gl.cdiv(n, BLOCK_N), 1), 0)
+
+
+@gluon.jit
+def _grid_cta_of(p, units, g):
+    """The CTA of the balanced grid whose unit range ``[c U // g, (c + 1) U // g)`` holds unit
+    ``p`` (scalars; int64 products)."""
+    return (((p.to(gl.int64) + 1) * g - 1) // units).to(gl.int32)
+
+
+@gluon.jit
+def _grid_requests(Seq_Lens, Real_Lens, batch, num_kv_splits, kv_capacity, BLOCK_N: gl.constexpr,
+                   REQUEST_COST: gl.constexpr):
+    """This CTA's share of the balanced grid (``splits.py``; the host's ``grid_segments``):
+    ``(r0, r1, u0, lo, hi, g, units)``, its requests ``[r0, r1)``, the units before request
+    ``r0``, its unit range ``[lo, hi)``, the CTAs that hold work (``g``: at most the grid, fewer
+    where one request would otherwise span more than ``num_kv_splits`` of them) and the batch's
+    units. Two passes over the lengths, 128 requests a step and every warp of the calling
+    partition holding all of them (as ``_balanced_piece``); a request meets this CTA where its
+    blocks' units reach into ``[lo, hi)`` (for ``lo = c U // g``: unit ``p``'s CTA is below c
+    exactly where ``p < lo``), so the passes compare int32 units; int64 only for the bounds."""
+    KEYS_L: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    W: gl.constexpr = 128
+    units = batch * 0
+    span = batch * 0  # the most units past its first that one request's blocks take
+    for b0 in range(0, batch, W):
+        offs = b0 + gl.arange(0, W, layout=KEYS_L)
+        nb = _grid_blocks(Seq_Lens, Real_Lens, offs, batch, kv_capacity, BLOCK_N)
+        units += gl.sum(gl.where(offs < batch, nb + REQUEST_COST, 0), axis=0)
+        span = gl.maximum(span, gl.max(nb - 1, axis=0))
+    units = gl.maximum(units, 1)
+    g = gl.num_programs(0)
+    # A request's blocks [p, p + span] meet ceil(span g / U) + 1 CTAs at most: <= the slots.
+    cap = (num_kv_splits - 1).to(gl.int64) * units // gl.maximum(span, 1)
+    g = gl.where(span > 0, gl.minimum(g.to(gl.int64), gl.maximum(cap, 1)).to(gl.int32), g)
+    c = gl.program_id(0).to(gl.int64)
+    lo = (c * units // g).to(gl.int32)
+    hi = ((c + 1) * units // g).to(gl.int32)
+    r0 = batch * 0
+    r1 = batch * 0
+    u0 = batch * 0
+    base = batch * 0
+    for b0 in range(0, batch, W):
+        offs = b0 + gl.arange(0, W, layout=KEYS_L)
+        nb = _grid_blocks(Seq_Lens, Real_Lens, offs, batch, kv_capacity, BLOCK_N)
+        u = gl.where(offs < batch, nb + REQUEST_COST, 0)
+        first = base + gl.associative_scan(u, 0, _add) - u + REQUEST_COST  # the request's first block's unit
+        before = (offs < batch) & (first + nb <= lo)  # its last block's CTA is below this one
+        r0 += gl.sum(before.to(gl.int32), axis=0)
+        u0 += gl.sum(gl.where(before, u, 0), axis=0)
+        r1 += gl.sum(((offs < batch) & (first < hi)).to(gl.int32), axis=0)  # its first block's CTA <= this one
+        base += gl.sum(u, axis=0)
+    return r0, r1, u0, lo, hi, g, units
+
+
+@gluon.jit
+def _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLOCK_N: gl.constexpr,
+                  REQUEST_COST: gl.constexpr):
+    """Request ``r``'s segment in this CTA of the balanced grid, its units starting at ``u0``:
+    ``(seg, u0 of the next request)``, ``seg = (r, slot, segments, b0, b1)`` for ``_work``:
+    the request's blocks ``[b0, b1)`` (none where this CTA's range falls between two of its
+    blocks' CTAs), in slot ``slot`` of its ``segments`` CTAs."""
+    n = gl.minimum(gl.maximum(gl.minimum(gl.load(Seq_Lens + r), gl.load(Real_Lens + r)), 0), kv_capacity)
+    nb = gl.cdiv(n, BLOCK_N)
+    first = u0 + REQUEST_COST
+    c_first = _grid_cta_of(first, units, g)
+    c_last = _grid_cta_of(first + gl.maximum(nb, 1) - 1, units, g)
+    b0 = gl.minimum(gl.maximum(lo - first, 0), nb)
+    b1 = gl.minimum(gl.maximum(hi - first, 0), nb)
+    seg = (r, gl.program_id(0) - c_first, c_last - c_first + 1, b0, b1)
+    return seg, u0 + gl.maximum(nb, 1) + REQUEST_COST
 
 
 @gluon.jit
@@ -367,16 +456,20 @@ def _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, n
                        page_size, num_pages, kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
                        SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, cp_rank,
                        CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows,
-                       VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, ROW: gl.constexpr, N_ROWS: gl.constexpr = 64):
+                       VARLEN: gl.constexpr, HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, ROW: gl.constexpr, N_ROWS: gl.constexpr = 64,
+                       SEGMENT: gl.constexpr = False, seg=None, q_phase=0):
     """What a consumer group of any schedule does before its block loop: its work item
     (``_work``), each row's key limit, the table check of its request, then the wait for the Q
     tile. Returns ``(pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks,
     row_base, qlen_b, lim, marked)``: ``lim`` ``[N_ROWS]`` (layout ROW: the block's first
-    N_ROWS rows) capped at ``kv_end``, ``marked`` from ``_request_marked``."""
+    N_ROWS rows) capped at ``kv_end``, ``marked`` from ``_request_marked``. SEGMENT: the
+    balanced grid's segment ``seg`` (``_work``), whose Q copy completes ``q_bar``'s phase
+    ``q_phase`` (it is loaded for every segment, one without blocks too)."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE,
+        SEGMENT, seg)
     rows = gl.arange(0, N_ROWS, layout=ROW)
     tok = tok0 + rows // HEAD_BOX  # verify token of each row, in the request
     if HAS_TREE:  # every row's limit is the request's; the tree picks its keys below it
@@ -390,7 +483,10 @@ def _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, n
     # Issued before the first wait: its table reads overlap the Q copy.
     marked = _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad,
                              page_size, num_pages, 4)
-    mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
+    if SEGMENT:
+        mbarrier.wait(q_bar, q_phase)
+    else:
+        mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
     return pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked, k_req
 
 
@@ -780,17 +876,24 @@ def _fill_work(q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b
                kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
-               HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, LOAD_Q: gl.constexpr):
+               HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, LOAD_Q: gl.constexpr, SEGMENT: gl.constexpr = False,
+               seg=None):
     """The opening of the partitions that fill the pair schedules' ring (producer or converter
     warps): the CTA's work item, Q's copy requested (LOAD_Q: the partition that loads it) and
     ``(split_start, n_blocks, req_row)``: the split's first key, its blocks and the offset of the
-    request's row of the block table."""
+    request's row of the block table. SEGMENT: the balanced grid's segment ``seg`` (``_work``),
+    its Q copied whatever its blocks (the consumers wait for every segment's)."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE,
+        SEGMENT, seg)
     if LOAD_Q:
-        _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
+        if SEGMENT:
+            _pair_load_q(q_desc, q_smem, sp_smem, q_bar, gl.maximum(n_blocks, 1), row_base, qlen, tok0, head0, N_DT,
+                         VARLEN)
+        else:
+            _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
     return split_start, n_blocks, pid_b.to(gl.int64) * stride_req_b
 
 
@@ -817,11 +920,21 @@ def _producer_alt(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, ready, empty,
         q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
         kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, cp_rank, CP_WORLD,
         CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE, True)
+    _alt_blocks(k_desc, kv_smem, ready, empty, Req_to_Token, req_row, split_start, n_blocks, page_size, 0, BLOCK_N,
+                N_DT)
+
+
+@gluon.jit
+def _alt_blocks(k_desc, kv_smem, ready, empty, Req_to_Token, req_row, split_start, n_blocks, page_size, g0,
+                BLOCK_N: gl.constexpr, N_DT: gl.constexpr):
+    """The alt producer's block loop: the split's ``n_blocks`` blocks from key ``split_start``,
+    block i into stage ``(g0 + i) % 2`` by halves, the owner's half first (``g0``: the blocks the
+    ring took before, across the balanced grid's segments)."""
     page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
     HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     for i in range(n_blocks):
-        s = i % 2
-        ph = ((i // 2) & 1) ^ 1
+        s = (g0 + i) % 2
+        ph = (((g0 + i) // 2) & 1) ^ 1
         start = split_start + i * BLOCK_N
         page_next = gl.load(Req_to_Token + req_row + (start + BLOCK_N) // page_size,
                             mask=i + 1 < n_blocks, other=0)
@@ -1814,9 +1927,10 @@ def _swapab_store(acc, t: gl.constexpr, inv_l, base, cols, mask, DT: gl.constexp
 def _swapab_start(shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, cp_rank, CP_WORLD: gl.constexpr,
                   CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr, BALANCE: gl.constexpr, KV_FP8: gl.constexpr,
-                  RQ: gl.constexpr, R: gl.constexpr):
+                  RQ: gl.constexpr, R: gl.constexpr, SEGMENT: gl.constexpr = False, seg=None, q_phase=0):
     """A swap-AB consumer group's opening: ``_consumer_prologue``'s facts of the work item (the
-    R rows' limits along ``RQ``), then the score scale and ``v_scale`` (KV_FP8: ``k_scale``
+    R rows' limits along ``RQ``; SEGMENT: the balanced grid's segment ``seg``, its Q in
+    ``q_bar``'s phase ``q_phase``), then the score scale and ``v_scale`` (KV_FP8: ``k_scale``
     scales the scores of a dequantized cache, q . (k * k_scale), and o; else 1)."""
     (q_smem, kv_smem, sp_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
      num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
@@ -1826,7 +1940,7 @@ def _swapab_start(shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_A
      marked, k_req) = _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen,
                                   num_heads, page_size, num_pages, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
                                   MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows,
-                                  VARLEN, False, BALANCE, RQ, R)
+                                  VARLEN, False, BALANCE, RQ, R, SEGMENT, seg, q_phase)
     if KV_FP8:
         v_scale = gl.load(K_Scale)
         qk_scale = qk_scale * v_scale
@@ -1834,6 +1948,58 @@ def _swapab_start(shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_A
         v_scale = 1.0
     return (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked,
             qk_scale, v_scale, k_req)
+
+
+@gluon.jit
+def _swapab_loop(WG: gl.constexpr, q_smem, kv_smem, sp_smem, ready, empty, pt, red, n_blocks, g0, split_start,
+                 kv_end, full_end, lim, qk_scale, seq_len, acc0, acc1, acc2, acc3, m_i, l_i, BLOCK_N: gl.constexpr,
+                 N_DT: gl.constexpr, V0: gl.constexpr, V_TILES: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr,
+                 KEY: gl.constexpr, SPLIT_SCORES: gl.constexpr, LEAN_SOFTMAX: gl.constexpr,
+                 Q_FREE: gl.constexpr = False, q_free=None):
+    """``_consumer_swapab``'s block loop over the split's ``n_blocks`` blocks, block j in ring
+    stage ``(g0 + j) % 2`` (``g0``: the blocks the ring took before it, across the balanced
+    grid's segments). Q_FREE: arrives on ``q_free`` once its last reads of Q are done (after
+    the last block's scores), so that the next segment's Q may be loaded under the rest.
+    Returns ``(acc0, acc1, acc2, acc3, m_i, l_i)``."""
+    nz = (seq_len < 0).to(gl.int32)  # an opaque zero (see _consumer_alt)
+    for j in range(n_blocks):
+        zero = j * nz
+        s = (g0 + j) % 2 + zero
+        ph = ((g0 + j) // 2) & 1
+        start = split_start + j * BLOCK_N
+        if SPLIT_SCORES:
+            st = _swapab_half_scores(WG, q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
+            st = warpgroup_mma_wait(0, deps=(st, ))
+            st = _exchange_scores(WG, st, q_smem, (g0 + j) % 2 + zero, R, MMA)
+        else:
+            st = _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
+            st = warpgroup_mma_wait(0, deps=(st, ))
+            mbarrier.arrive(empty.index(2 * s + 1 - WG), count=1)  # the other group's half: my scores are done
+        if Q_FREE:  # (SPLIT_SCORES: the exchange through Q's unread rows is done too)
+            if j == n_blocks - 1:
+                mbarrier.arrive(q_free, count=1)  # my last reads of Q: the next segment's may land
+        p, alpha, m_i, l_i = _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N, KEY,
+                                             LEAN_SOFTMAX, red)
+        acc0 = acc0 * alpha[None, :]
+        acc1 = acc1 * alpha[None, :]
+        acc2 = acc2 * alpha[None, :]
+        acc3 = acc3 * alpha[None, :]
+        if start + BLOCK_N > kv_end:
+            # Keys past the end have P = 0, but V rows there may hold anything (0 * NaN). The
+            # other group may still be reading these rows for its scores (without
+            # SPLIT_SCORES): those are masked.
+            _zero_v_tail(kv_smem, s * N_DT, V0, V_TILES, kv_end - start, BLOCK_N)
+        pt.store(p.to(pt.dtype))
+        fence_async_shared()
+        _barrier()  # every warp's P^T rows written before the wgmmas read them
+        vb = s * N_DT + V0
+        t0 = warpgroup_mma(kv_smem.index(vb + 0).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc0, is_async=True)
+        t1 = warpgroup_mma(kv_smem.index(vb + 1).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc1, is_async=True)
+        t2 = warpgroup_mma(kv_smem.index(vb + 2).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc2, is_async=True)
+        t3 = warpgroup_mma(kv_smem.index(vb + 3).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc3, is_async=True)
+        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
+        mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half: my P^T V^T is done with it
+    return acc0, acc1, acc2, acc3, m_i, l_i
 
 
 @gluon.jit
@@ -1880,41 +2046,10 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
         red = red_smem.index(WG)
     else:
         red = None
-    nz = (seq_len < 0).to(gl.int32)  # an opaque zero (see _consumer_alt)
-    for j in range(n_blocks):
-        zero = j * nz
-        s = j % 2 + zero
-        ph = (j // 2) & 1
-        start = split_start + j * BLOCK_N
-        if SPLIT_SCORES:
-            st = _swapab_half_scores(WG, q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
-            st = warpgroup_mma_wait(0, deps=(st, ))
-            st = _exchange_scores(WG, st, q_smem, j % 2 + zero, R, MMA)
-        else:
-            st = _swapab_scores(q_smem, sp_smem, kv_smem, ready, s, ph, zero, R, BLOCK_N, N_DT, MMA)
-            st = warpgroup_mma_wait(0, deps=(st, ))
-            mbarrier.arrive(empty.index(2 * s + 1 - WG), count=1)  # the other group's half: my scores are done
-        p, alpha, m_i, l_i = _swapab_softmax(st, qk_scale, start, full_end, lim, m_i, l_i, BLOCK_N, KEY,
-                                             LEAN_SOFTMAX, red)
-        acc0 = acc0 * alpha[None, :]
-        acc1 = acc1 * alpha[None, :]
-        acc2 = acc2 * alpha[None, :]
-        acc3 = acc3 * alpha[None, :]
-        if start + BLOCK_N > kv_end:
-            # Keys past the end have P = 0, but V rows there may hold anything (0 * NaN). The
-            # other group may still be reading these rows for its scores (without
-            # SPLIT_SCORES): those are masked.
-            _zero_v_tail(kv_smem, s * N_DT, V0, V_TILES, kv_end - start, BLOCK_N)
-        pt.store(p.to(pt.dtype))
-        fence_async_shared()
-        _barrier()  # every warp's P^T rows written before the wgmmas read them
-        vb = s * N_DT + V0
-        t0 = warpgroup_mma(kv_smem.index(vb + 0).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc0, is_async=True)
-        t1 = warpgroup_mma(kv_smem.index(vb + 1).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc1, is_async=True)
-        t2 = warpgroup_mma(kv_smem.index(vb + 2).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc2, is_async=True)
-        t3 = warpgroup_mma(kv_smem.index(vb + 3).reshape([BLOCK_N, _DT]).permute((1, 0)), pt, acc3, is_async=True)
-        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=(t0, t1, t2, t3))
-        mbarrier.arrive(empty.index(2 * s + WG), count=1)  # my half: my P^T V^T is done with it
+    acc0, acc1, acc2, acc3, m_i, l_i = _swapab_loop(
+        WG, q_smem, kv_smem, sp_smem, ready, empty, pt, red, n_blocks, 0, split_start, kv_end, full_end, lim,
+        qk_scale, seq_len, acc0, acc1, acc2, acc3, m_i, l_i, BLOCK_N, N_DT, V0, V_TILES, R, MMA, KEY, SPLIT_SCORES,
+        LEAN_SOFTMAX)
 
     if WG == 0:
         _cta_mark(Timeline, 4, TIMELINE)
@@ -1924,6 +2059,86 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
                      stride_mid_s, HEAD_BOX, LV, SINGLE, VARLEN, R, MMA, k_req, BALANCE, num_kv_splits)
     if WG == 0:
         _cta_mark(Timeline, 5, TIMELINE)
+
+
+@gluon.jit
+def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, batch, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
+                          SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
+                          N_DT: gl.constexpr, LV: gl.constexpr, R: gl.constexpr, REQUEST_COST: gl.constexpr,
+                          SPLIT_SCORES: gl.constexpr = False, LEAN_SOFTMAX: gl.constexpr = 0, red_smem=None):
+    """Consumer group WG of the swap-AB schedule on the balanced grid (``_verify_stage1_swapab``
+    with GRID): ``_consumer_swapab``'s work for each of this CTA's segments in turn, the ring's
+    blocks counted across them; after a segment's last scores the group arrives on ``q_free``,
+    so that the producer loads the next segment's Q (and its first blocks) under this one's
+    P.V and output. Each segment's output goes where a balanced launch's piece would
+    (``_swapab_epilogue``: straight to o for a request of one segment)."""
+    (q_smem, kv_smem, sp_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
+     num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
+     stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
+    MMA: gl.constexpr = _wgmma_layout(R)
+    RQ: gl.constexpr = gl.SliceLayout(0, MMA)
+    KEY: gl.constexpr = gl.SliceLayout(1, MMA)
+    V_TILES: gl.constexpr = LV // _DT // 2
+    V0: gl.constexpr = WG * V_TILES
+    PT_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * R, element_bitwidth=16)
+    pt = sp_smem.index(0).reinterpret(sp_smem.dtype, [2 * BLOCK_N, R], PT_L).slice(WG * BLOCK_N, BLOCK_N)
+    if LEAN_SOFTMAX >= 2:
+        red = red_smem.index(WG)
+    else:
+        red = None
+    r0, r1, u0, lo, hi, g, units = _grid_requests(Seq_Lens, Real_Lens, batch, num_kv_splits, kv_capacity, BLOCK_N,
+                                                  REQUEST_COST)
+    blocks = r0 * 0  # the ring's blocks before this segment
+    for r in range(r0, r1):
+        seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST)
+        (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked,
+         qk_scale_r, v_scale, k_req) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                                                     None, 1, 1, None, None, False, 0, False, RQ, R, True, seg,
+                                                     (r - r0) & 1)
+        acc0 = gl.zeros([_DT, R], gl.float32, MMA)
+        acc1 = gl.zeros([_DT, R], gl.float32, MMA)
+        acc2 = gl.zeros([_DT, R], gl.float32, MMA)
+        acc3 = gl.zeros([_DT, R], gl.float32, MMA)
+        if LEAN_SOFTMAX >= 1:
+            l_i = gl.zeros([BLOCK_N, R], gl.float32, MMA)
+        else:
+            l_i = gl.zeros([R], gl.float32, RQ)
+        m_i = gl.full([R], float("-inf"), gl.float32, RQ)
+        acc0, acc1, acc2, acc3, m_i, l_i = _swapab_loop(
+            WG, q_smem, kv_smem, sp_smem, ready, empty, pt, red, n_blocks, blocks, split_start, kv_end, full_end,
+            lim, qk_scale_r, seq_len, acc0, acc1, acc2, acc3, m_i, l_i, BLOCK_N, N_DT, V0, V_TILES, R, MMA, KEY,
+            SPLIT_SCORES, LEAN_SOFTMAX, True, q_free)
+        if n_blocks == 0:
+            mbarrier.arrive(q_free, count=1)  # (a segment without blocks reads no Q)
+        blocks += n_blocks
+        l_i = _swapab_row_sums(l_i, LEAN_SOFTMAX)
+        _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0,
+                         head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+                         stride_mid_s, HEAD_BOX, LV, False, False, R, MMA, k_req, 1, num_kv_splits)
+
+
+@gluon.jit
+def _producer_grid(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, ready, empty, Req_to_Token, Seq_Lens,
+                   Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, batch,
+                   TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                   MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
+                   REQUEST_COST: gl.constexpr):
+    """The alt producer warp on the balanced grid: for each of this CTA's segments, its Q once
+    both groups are done reading the previous one's (``q_free``), then its blocks into the
+    ring, counted across segments."""
+    r0, r1, u0, lo, hi, g, units = _grid_requests(Seq_Lens, Real_Lens, batch, num_kv_splits, kv_capacity, BLOCK_N,
+                                                  REQUEST_COST)
+    blocks = r0 * 0
+    for r in range(r0, r1):
+        seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST)
+        mbarrier.wait(q_free, ((r - r0) & 1) ^ 1, pred=r > r0)
+        split_start, n_blocks, req_row = _fill_work(
+            q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+            kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, None, 1, 1, None, None,
+            False, False, 0, True, True, seg)
+        _alt_blocks(k_desc, kv_smem, ready, empty, Req_to_Token, req_row, split_start, n_blocks, page_size, blocks,
+                    BLOCK_N, N_DT)
+        blocks += n_blocks
 
 
 @gluon.jit
@@ -2040,7 +2255,7 @@ def _consumer_swapab_blocks(WG: gl.constexpr, shared, sx_smem, x_bar, TOK_BOX: g
 
 @gluon.jit(do_not_specialize=["stride_req_b", "stride_mid_m", "stride_mid_h", "stride_mid_s", "stride_om",
                               "stride_oh", "stride_lm", "stride_lh", "num_kv_splits", "qlen", "num_heads",
-                              "page_size", "num_pages", "kv_capacity", "cp_rank", "num_rows"],
+                              "page_size", "num_pages", "kv_capacity", "cp_rank", "num_rows", "batch"],
            do_not_specialize_on_alignment=["Qo_Indptr"])
 def _verify_stage1_swapab(
     q_desc, k_desc, qk_scale, Req_to_Token, Seq_Lens, Real_Lens, Mid, O, Lse, K_Scale,
@@ -2054,6 +2269,7 @@ def _verify_stage1_swapab(
     ALT_BLOCKS: gl.constexpr = False, BALANCE: gl.constexpr = 0, SPLIT_SCORES: gl.constexpr = False,
     LEAN_SOFTMAX: gl.constexpr = 0,  # the softmax's reductions off the block's chain (``_swapab_softmax``)
     Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
+    GRID: gl.constexpr = False, REQUEST_COST: gl.constexpr = 2, batch=None,  # the balanced grid (``splits.py``)
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
     trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
@@ -2062,7 +2278,11 @@ def _verify_stage1_swapab(
     of every block's scores for half of O^T each. SPLIT_SCORES (bf16, not with ALT_BLOCKS): each
     group the scores over its ring half's columns, the partials summed through shared memory.
     LEAN_SOFTMAX (bf16, not with ALT_BLOCKS): 1 the rows' sums reduced once after the loop, 2 and the
-    row max with one group barrier a block (``_swapab_softmax``)."""
+    row max with one group barrier a block (``_swapab_softmax``). GRID (bf16, not with ALT_BLOCKS,
+    ragged rows or context parallelism; a split workspace): the balanced grid of ``splits.py``,
+    each CTA the ``batch`` requests' blocks of its unit range, a segment per request it meets
+    (``_consumer_swapab_grid``, ``_producer_grid``); REQUEST_COST: the units a request costs
+    beside its blocks."""
     _launch_dependents(LAUNCH_DEPENDENTS)
     _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
@@ -2077,6 +2297,7 @@ def _verify_stage1_swapab(
     gl.static_assert(ROWS == 16 or ROWS == 32)
     gl.static_assert(not SPLIT_SCORES or not (KV_FP8 or ALT_BLOCKS))
     gl.static_assert(LEAN_SOFTMAX == 0 or not (KV_FP8 or ALT_BLOCKS))
+    gl.static_assert(not GRID or not (KV_FP8 or ALT_BLOCKS or VARLEN or SINGLE or BALANCE or CP_WORLD > 1))
     q_smem, kv_smem, sp_smem = _pair_smem(q_desc, k_desc, LK, LV, BLOCK_N, NUM_STAGES)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # [stage * 2 + half]
@@ -2110,6 +2331,24 @@ def _verify_stage1_swapab(
                             cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, BALANCE, KV_FP8)),
         ], [4, 4 if KV_FP8 else 1], [CONSUMER_REGS, PRODUCER_REGS])
         mbarrier.invalidate(x_bar)
+    elif GRID:
+        if LEAN_SOFTMAX >= 2:
+            red_smem = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        else:
+            red_smem = sp_smem
+        q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_free, count=2)  # both groups done reading a segment's Q
+        gl.warp_specialize([
+            (_consumer_swapab_grid, (0, shared, q_free, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                                     N_DT, LV, ROWS, REQUEST_COST, SPLIT_SCORES, LEAN_SOFTMAX, red_smem)),
+            (_consumer_swapab_grid, (1, shared, q_free, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                                     N_DT, LV, ROWS, REQUEST_COST, SPLIT_SCORES, LEAN_SOFTMAX, red_smem)),
+            (_producer_grid, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, ready, empty, Req_to_Token,
+                              Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                              kv_capacity, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
+                              REQUEST_COST)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        mbarrier.invalidate(q_free)
     else:
         if LEAN_SOFTMAX >= 2:  # each group's 4 warps' partial row maxima (_swapab_col_max)
             red_smem = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .. import platform
 from ..fastpath import ENV_OFF, launch
 from ..gluon_support import descriptor, gl, load_kernels, sm90_reason
 from ..host import cache_bounds, cache_geometry, cdiv
@@ -36,6 +37,7 @@ __all__ = [
     "gluon_unsupported_reason",
     "gluon_row_blocks",
     "swapab_takes",
+    "grid_takes",
     "launch_verify_stage1_gluon",
     "cta_timeline",
 ]
@@ -123,6 +125,13 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # balanced splits (``splits.py``; the config keys of ``configs.py``): 0, or b >= 2. Passed
     # to the kernel only when set and the launch has splits.
     "BALANCE": 0,
+    # "swapab" with a bf16 cache and splits (``grid_takes``): 1, the balanced grid of
+    # ``splits.py``: one CTA per SM, each taking an equal share of the batch's blocks (and of
+    # REQUEST_COST units per request) across request boundaries, a partial per request it meets,
+    # the next one's Q loaded under the current one's tail; the split cap is its slot count
+    # (``splits.grid_num_kv_splits``). Passed to the kernel only where it applies.
+    "GRID": 0,
+    "REQUEST_COST": 2,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -138,6 +147,17 @@ def swapab_takes(qlen: int, num_heads: int, *, tree: bool, ragged: bool, context
     have not run on a GPU yet); "alt" runs the others."""
     return (num_heads < 64 and qlen * num_heads <= 32 and not tree and not ragged
             and not context_parallel)
+
+
+def grid_takes(cfg: dict[str, Any], qlen: int, num_heads: int, *, fp8: bool, tree: bool, ragged: bool,
+               context_parallel: bool, single: bool) -> bool:
+    """Whether a launch of these facts runs on the balanced grid: the config's GRID on the bf16
+    swap-AB kernel (``swapab_takes``, not SWAPAB_BLOCKS) with a split workspace, without
+    BALANCE; the others run the config without it."""
+    c = {**GLUON_DEFAULT_CONFIG, **(cfg or {})}
+    return (bool(c["GRID"]) and c["SCHEDULE"] == "swapab" and not c["SWAPAB_BLOCKS"] and not c["BALANCE"]
+            and not fp8 and not single
+            and swapab_takes(qlen, num_heads, tree=tree, ragged=ragged, context_parallel=context_parallel))
 
 
 def gluon_row_blocks(qlen: int, num_heads: int) -> int:
@@ -293,6 +313,10 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
     num_pages, kv_capacity = cache_bounds(k_buffer, req_to_token, page_size)
     grid = (gluon_row_blocks(qlen, num_heads) * batch * num_kv_splits,)
     fp8 = k_buffer.dtype == torch.float8_e4m3fn
+    on_grid = grid_takes(c, qlen, num_heads, fp8=fp8, tree=tree_mask is not None, ragged=qo_indptr is not None,
+                         context_parallel=cp_world > 1, single=single)
+    if on_grid:  # one CTA per SM (static: capture-safe), whatever the batch and its lengths
+        grid = (platform.current().sm_count,)
     kernel = _gk._verify_stage1_ws
     schedule = c["SCHEDULE"]
     if schedule == "swapab" and not swapab_takes(qlen, num_heads, tree=tree_mask is not None,
@@ -319,6 +343,8 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
             extra["SPLIT_SCORES"] = True
         if c["LEAN_SOFTMAX"] and not fp8 and not c["SWAPAB_BLOCKS"]:
             extra["LEAN_SOFTMAX"] = int(c["LEAN_SOFTMAX"])
+        if on_grid:
+            extra.update(GRID=True, REQUEST_COST=int(c["REQUEST_COST"]), batch=batch)
     if c["STAGE_OUT"] and kernel not in (_gk._verify_stage1_ws, _gk._verify_stage1_swapab):
         extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)

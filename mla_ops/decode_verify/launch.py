@@ -29,6 +29,7 @@ from ..numerics import FP8_DTYPES, exp2_scale
 from . import kernels
 from .configs import HIP_LAUNCH_KEYS, select_verify_config, verify_facts
 from .gluon_launch import (
+    grid_takes,
     gluon_unsupported_reason,
     gluon_unsupported_shape,
     launch_verify_stage1_gluon,
@@ -258,6 +259,11 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
     # programmatic edge).
     use_pdl = bool(cfg["PDL"]) and kernels.HAS_PDL and not single and _is_sm90_plus(q.device, plat)
     if cfg["family"] == "gluon":
+        # The balanced grid (``splits.py``) leaves its partials as balanced splits do: stage 2
+        # reads every slot.
+        pieces = balance or grid_takes(cfg, qlen, num_heads, fp8=k_buffer.dtype in FP8_DTYPES,
+                                       tree=tree_mask is not None, ragged=qo_indptr is not None,
+                                       context_parallel=cp_world > 1, single=single)
         launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, real, has_real,
                                    o, lse, workspace, qlen, num_kv_splits, sm_scale, page_size,
                                    Lv, cfg, cp_world, cp_rank, cp_interleave, batch=batch,
@@ -266,7 +272,7 @@ def _launch(cfg, q, k_buffer, o, lse, req_to_token, seq_lens, real_seq_lens, qle
         if not single:
             _launch_stage2(cfg, workspace, o, lse, seq_lens, real, has_real, ws_strides,
                            qlen, num_heads, num_kv_splits, Lv, cp_rank_arg, use_pdl, kv_capacity,
-                           batch, qo_indptr, num_rows, drafts, balance=balance, **cp)
+                           batch, qo_indptr, num_rows, drafts, balance=pieces, **cp)
         return
     _, stride_kpage, stride_ktok = cache_geometry(k_buffer, page_size)
     launch_kw = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}

@@ -38,6 +38,8 @@ import torch
 
 from .. import platform
 from ..checked import local_length
+from ..numerics import FP8_DTYPES
+from .gluon_launch import grid_takes
 from .launch import launch_config, warmup_decode_attention_fwd_verify
 from .splits import verify_num_kv_splits
 
@@ -267,7 +269,10 @@ def plan_verify(batch: int, qlen: int, num_heads: int, max_seq_len: int, *,
         num_kv_splits = verify_num_kv_splits(max(1, local_max), batch, qlen, num_heads, sm_count,
                                              block_h=cfg["BLOCK_H"],
                                              min_work_per_split=cfg["SPLIT_WORK"],
-                                             balance=cfg.get("BALANCE", 0))
+                                             balance=cfg.get("BALANCE", 0),
+                                             grid=grid_takes(cfg, qlen, num_heads, fp8=kv_dtype in FP8_DTYPES,
+                                                             tree=False, ragged=varlen,
+                                                             context_parallel=cp_world > 1, single=False))
     same = frozenset(b for b in range(1, batch + 1) if b == batch or launch_config(
         b, qlen, num_heads, probe, v_head_dim, q_dtype=dtype, page_size=page_size) == cfg)
     if not isinstance(varlen, bool):

@@ -19,6 +19,22 @@ sets the launch's time). The grid keeps the cap (static); its programs take the 
 request by request (:func:`balanced_piece_order`), so the sum(k) pieces start first and the
 programs past them, which return at once, come last. A request of one piece is written straight
 to o (no partial), and stage 2 leaves it alone (slot 1's lse is +inf); unused slots get lse -inf.
+
+The balanced grid (a Gluon config's ``GRID``, the swap-AB kernel with a bf16 cache): the batch's
+work is laid out as units, request by request ``REQUEST_COST`` units (its fixed cost: Q, the
+table check, the output) then one per block of ``BLOCK_N`` keys (at least one, so that a request
+without keys still writes its rows); ``U`` units in all. The grid is one CTA per SM, and CTA
+``c`` of the ``g`` that hold work takes the units ``[c U // g, (c + 1) U // g)``: a segment of
+every request whose blocks reach into that range (the blocks it holds, or none where its range
+falls between two of the request's blocks), each written to slot ``c - c_first`` of the
+request's ``c_last - c_first + 1`` CTAs, or straight to o where that is one, as the balanced
+splits' pieces are, so that stage 2 merges them unchanged. A request's blocks ``[p, p + d]``
+meet at most ``ceil(d g / U) + 1`` CTAs, so ``g = min(grid, (S - 1) U // d)`` for the longest
+request's ``d`` keeps every request within the ``S`` slots of the workspace
+(:func:`grid_num_kv_splits` picks S so that ragged batches keep the whole grid). The CTAs take
+their segments in order and count the ring's blocks across them; the next segment's Q is loaded
+as soon as both consumer groups are done reading the current one's. :func:`grid_segments` is
+the kernel's arithmetic on the host.
 """
 
 from __future__ import annotations
@@ -29,7 +45,8 @@ import triton.language as tl
 from .. import platform
 from ..host import cdiv
 
-__all__ = ["balanced_piece_order", "balanced_splits", "split_chunk", "verify_num_kv_splits", "verify_row_blocks"]
+__all__ = ["balanced_piece_order", "balanced_splits", "grid_num_kv_splits", "grid_segments", "split_chunk",
+           "verify_num_kv_splits", "verify_row_blocks"]
 
 
 @triton.jit
@@ -63,6 +80,45 @@ def balanced_piece_order(keys: list[int], num_kv_splits: int, balance: int) -> l
     return order
 
 
+def grid_segments(keys: list[int], grid: int, num_kv_splits: int, block_n: int = 64,
+                  request_cost: int = 2) -> list[list[tuple[int, int, int, int, int]]]:
+    """The balanced grid's segments (the module's docstring; the kernel's ``_grid_requests`` and
+    ``_grid_segment`` on the host): for each of the ``grid`` CTAs, ``(request, slot, segments,
+    b0, b1)`` of each segment it takes, in order. ``keys``: each request's keys
+    (``min(L, L_real)`` clamped to the block table)."""
+    blocks = [max(cdiv(max(n, 0), block_n), 1) for n in keys]
+    units = max(sum(b + request_cost for b in blocks), 1)
+    span = max([b - 1 for b in blocks], default=0)
+    g = min(grid, max((num_kv_splits - 1) * units // span, 1)) if span > 0 else grid
+    firsts, u = [], 0
+    for b in blocks:
+        firsts.append(u + request_cost)
+        u += b + request_cost
+    out = []
+    for c in range(grid):
+        lo, hi = c * units // g, (c + 1) * units // g
+        segs = []
+        for r, (n, first, b) in enumerate(zip(keys, firsts, blocks)):
+            if first + b <= lo or first >= hi:  # its last block's CTA below c, or its first above
+                continue
+            nb = cdiv(max(n, 0), block_n)
+            c_first = ((first + 1) * g - 1) // units
+            c_last = ((first + b) * g - 1) // units
+            segs.append((r, c - c_first, c_last - c_first + 1, min(max(lo - first, 0), nb),
+                         min(max(hi - first, 0), nb)))
+        out.append(segs)
+    return out
+
+
+def grid_num_kv_splits(batch: int, sm_count: int | None = None) -> int:
+    """The balanced grid's split cap (its slots per request): ``1 + cdiv(2 * sm_count, batch)``,
+    which keeps the whole grid at work while the longest request holds up to twice the mean
+    (uniformly ragged lengths; the kernel narrows the grid where one holds more, so any cap of
+    2 or more is correct)."""
+    sm_count = platform.current().sm_count if sm_count is None else sm_count
+    return 1 + cdiv(2 * max(1, sm_count), max(1, batch))
+
+
 def verify_row_blocks(qlen: int, num_heads: int, block_h: int) -> int:
     """Stage-1 row blocks per request: ``cdiv(qlen * num_heads, block_h)``."""
     return cdiv(qlen * num_heads, block_h)
@@ -79,6 +135,7 @@ def verify_num_kv_splits(
     min_work_per_split: int | None = None,
     max_splits: int = 8,
     balance: int | None = None,
+    grid: bool | None = None,
 ) -> int:
     """Static upper bound on KV splits (safe to bake into a CUDA graph).
 
@@ -96,8 +153,12 @@ def verify_num_kv_splits(
 
     ``balance`` (default: the config's ``BALANCE``): a config that balances its splits gets
     ``balance`` times the count as its cap (the module's docstring), at least 2.
+
+    ``grid`` (default: the config's ``GRID``): a launch on the balanced grid gets
+    :func:`grid_num_kv_splits` (the launches the grid does not take, fp8 caches, draft trees,
+    ragged draft counts, context-parallel ranks, run the config without it on that cap).
     """
-    if block_h is None or min_work_per_split is None or balance is None:
+    if block_h is None or min_work_per_split is None or balance is None or grid is None:
         # Imported here: configs -> gluon_launch -> gluon_kernels -> kernels -> this module.
         from .configs import select_verify_config
 
@@ -106,6 +167,9 @@ def verify_num_kv_splits(
         min_work_per_split = (cfg["SPLIT_WORK"] if min_work_per_split is None
                               else min_work_per_split)
         balance = cfg.get("BALANCE", 0) if balance is None else balance
+        grid = bool(cfg.get("GRID", 0)) if grid is None else grid
+    if grid:
+        return grid_num_kv_splits(batch, sm_count)
     sm_count = platform.current().sm_count if sm_count is None else sm_count
     programs_per_split = max(1, batch) * verify_row_blocks(qlen, num_heads, block_h)
     ideal = cdiv(max(1, max_seq_len), max(1, min_work_per_split))
