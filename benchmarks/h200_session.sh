@@ -61,6 +61,10 @@
 #                                           # swap-AB and balance ones, then the A/B against the
 #                                           # table at ragged (uniform in [qlen, L]) and equal
 #                                           # lengths, two runs (ab_grid_{spread,equal}_run*.json)
+#   bash benchmarks/h200_session.sh gridfm  # FlashMLA built, then per-kernel times of the table and
+#                                           # of GRID beside FlashMLA's at ragged and equal lengths
+#                                           # (kt_fm_{table,grid}_{spread,equal}.json), the serving
+#                                           # step with a GRID engine (serving_step_grid.json)
 #   bash benchmarks/h200_session.sh merge2  # the merge behind the swap-AB stage 1: the Gluon GPU tests
 #                                           # (-m gpu: 150 s without it ran out on an H100),
 #                                           # the A/B of stage 2's keys (S2_BLOCK_S, S2_BLOCK_DV,
@@ -330,12 +334,26 @@ grid() {  # the balanced grid (GRID): its GPU tests and the swap-AB / balance on
   local run
   for run in 1 2; do
     timeout 120 python3 benchmarks/ab_decode_verify.py --case 16,2,32,4096 16,2,64,4096 16,2,128,4096 \
-      16,1,128,4096 --spread --variant '{}' '{"GRID": 1}' --rounds 3 \
+      16,1,128,4096 --spread --variant '{}' '{"GRID": 1}' '{"GRID": 1, "REQUEST_COST": 4}' --rounds 3 \
       --json "$OUT/ab_grid_spread_run$run.json" 2>&1 | tail -12
     timeout 120 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,1,32,4096 16,1,128,4096 \
       16,2,128,4096 16,2,16,32768 16,2,16,4096 --variant '{}' '{"GRID": 1}' --rounds 3 \
       --json "$OUT/ab_grid_equal_run$run.json" 2>&1 | tail -14
   done
+}
+gridfm() {  # the balanced grid beside FlashMLA: per kernel at ragged and equal lengths (the table
+  # and GRID, each with FlashMLA's kernels in its process), then the serving step with a GRID engine
+  flashmla
+  local v tag
+  for tag in table grid; do
+    v='{}'; [ $tag = grid ] && v='{"GRID": 1}'
+    timeout 100 python3 benchmarks/kernel_times.py --case 16,2,32,4096 16,2,64,4096 16,2,128,4096 16,1,128,4096 \
+      --spread --calls 10 --flashmla --variant "$v" --json "$OUT/kt_fm_${tag}_spread.json" 2>&1 | grep -v Warn | tail -14
+    timeout 100 python3 benchmarks/kernel_times.py --shape M2 --case 16,2,128,4096 --calls 10 --flashmla \
+      --variant "$v" --json "$OUT/kt_fm_${tag}_equal.json" 2>&1 | grep -v Warn | tail -8
+  done
+  timeout 200 python3 benchmarks/serving_step_e2e.py --batches 32 128 --qlens 2 --variant '{"GRID": 1}' \
+    --json "$OUT/serving_step_grid.json" 2>&1 | tail -12
 }
 fixedcost() {
   flashmla
@@ -381,6 +399,7 @@ merge2) merge2 ;;
 flashcol) flashcol ;;
 fixedcost) fixedcost ;;
 grid) grid ;;
+gridfm) gridfm ;;
 balance) balance ;;
 timeline) timeline ;;
 splitscores) splitscores ;;
