@@ -341,6 +341,12 @@ grid() {  # the balanced grid (GRID): its GPU tests and the swap-AB / balance on
       --json "$OUT/ab_grid_equal_run$run.json" 2>&1 | tail -14
   done
 }
+gridkt() {  # where the balanced grid's time goes: per kernel and CTA timelines beside the table's
+  kt table '{}' equal --shape M2 --case 16,2,16,4096 16,2,128,4096
+  kt grid '{"GRID": 1}' equal --shape M2 --case 16,2,16,4096 16,2,128,4096
+  kt table '{}' spread --case 16,2,64,4096
+  kt grid '{"GRID": 1}' spread --case 16,2,64,4096
+}
 gridfm() {  # the balanced grid beside FlashMLA: per kernel at ragged and equal lengths (the table
   # and GRID, each with FlashMLA's kernels in its process), then the serving step with a GRID engine
   flashmla
@@ -400,6 +406,7 @@ flashcol) flashcol ;;
 fixedcost) fixedcost ;;
 grid) grid ;;
 gridfm) gridfm ;;
+gridkt) gridkt ;;
 balance) balance ;;
 timeline) timeline ;;
 splitscores) splitscores ;;

@@ -123,6 +123,10 @@ def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overr
         return None
     row_blocks = gluon_launch.gluon_row_blocks(case.qlen, case.H)
     grid = row_blocks * case.B * splits
+    on_grid = cfg.get("GRID") and gluon_launch.grid_takes(cfg, case.qlen, case.H, fp8=case.fp8, tree=False,
+                                                          ragged=False, context_parallel=False, single=splits == 1)
+    if on_grid:  # the balanced grid: one CTA per SM
+        grid = api.sm_count
     buf = torch.full((grid, 6), -1, dtype=torch.int64, device="cuda")
     fn = decode.make_call(api, inp, case.qlen, splits, DEFAULT_SM_SCALE, case.page_size, overrides or None,
                           kv_index=0)
@@ -131,6 +135,12 @@ def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overr
         fn()  # the call the timeline shows
     torch.cuda.synchronize()
     pieces = None
+    if on_grid:  # each CTA named by its first segment's (request, slot) (splits.grid_segments)
+        from mla_ops.decode_verify.splits import grid_segments
+
+        segs = grid_segments(inp.seq_lens.clamp(min=0).tolist(), grid, splits, cfg["BLOCK_N"], cfg["REQUEST_COST"])
+        return summarize_timeline(buf.cpu().tolist(), 1, case.B, splits,
+                                  [(s[0][0], s[0][1]) if s else (-1, -1) for s in segs])
     if cfg.get("BALANCE") and splits > 1:
         keys = inp.seq_lens.clamp(min=0).tolist()
         pieces = balanced_piece_order(keys, splits, cfg["BALANCE"])

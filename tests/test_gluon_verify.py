@@ -807,7 +807,8 @@ def test_gluon_grid_matches_reference(case, schedule):
             else:
                 assert not slot_lse[r, :, :, :k].isnan().any(), f"request {r}: {k} segments, each slot written"
                 assert (slot_lse[r, :, :, k:] == float("-inf")).all(), f"request {r}: slots past {k} unused"
-        assert max(segments.values()) > 1, "the case spreads a request over CTAs"
+        if cap == grid_num_kv_splits(B, sms):  # (a small cap may narrow the grid to one CTA a request)
+            assert max(segments.values()) > 1, "the case spreads a request over CTAs"
 
 
 def _check_case(case, cfg):

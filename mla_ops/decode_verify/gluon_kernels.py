@@ -2065,13 +2065,16 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
 def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, batch, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
                           SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                           N_DT: gl.constexpr, LV: gl.constexpr, R: gl.constexpr, REQUEST_COST: gl.constexpr,
-                          SPLIT_SCORES: gl.constexpr = False, LEAN_SOFTMAX: gl.constexpr = 0, red_smem=None):
+                          SPLIT_SCORES: gl.constexpr = False, LEAN_SOFTMAX: gl.constexpr = 0, red_smem=None,
+                          Timeline=None, TIMELINE: gl.constexpr = False):
     """Consumer group WG of the swap-AB schedule on the balanced grid (``_verify_stage1_swapab``
     with GRID): ``_consumer_swapab``'s work for each of this CTA's segments in turn, the ring's
     blocks counted across them; after a segment's last scores the group arrives on ``q_free``,
     so that the producer loads the next segment's Q (and its first blocks) under this one's
     P.V and output. Each segment's output goes where a balanced launch's piece would
-    (``_swapab_epilogue``: straight to o for a request of one segment)."""
+    (``_swapab_epilogue``: straight to o for a request of one segment). The timeline probe
+    (``_cta_mark``): 3 when the first segment's Q landed, 4 and 5 when each segment's loop ended
+    and its output was stored (the last segment's remain)."""
     (q_smem, kv_smem, sp_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
      num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
      stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
@@ -2095,6 +2098,9 @@ def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, batch, TOK_BOX: gl.c
          qk_scale_r, v_scale, k_req) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                                                      None, 1, 1, None, None, False, 0, False, RQ, R, True, seg,
                                                      (r - r0) & 1)
+        if WG == 0:
+            if r == r0:
+                _cta_mark(Timeline, 3, TIMELINE)
         acc0 = gl.zeros([_DT, R], gl.float32, MMA)
         acc1 = gl.zeros([_DT, R], gl.float32, MMA)
         acc2 = gl.zeros([_DT, R], gl.float32, MMA)
@@ -2111,10 +2117,14 @@ def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, batch, TOK_BOX: gl.c
         if n_blocks == 0:
             mbarrier.arrive(q_free, count=1)  # (a segment without blocks reads no Q)
         blocks += n_blocks
+        if WG == 0:
+            _cta_mark(Timeline, 4, TIMELINE)
         l_i = _swapab_row_sums(l_i, LEAN_SOFTMAX)
         _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0,
                          head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                          stride_mid_s, HEAD_BOX, LV, False, False, R, MMA, k_req, 1, num_kv_splits)
+        if WG == 0:
+            _cta_mark(Timeline, 5, TIMELINE)
 
 
 @gluon.jit
@@ -2340,9 +2350,11 @@ def _verify_stage1_swapab(
         mbarrier.init(q_free, count=2)  # both groups done reading a segment's Q
         gl.warp_specialize([
             (_consumer_swapab_grid, (0, shared, q_free, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                                     N_DT, LV, ROWS, REQUEST_COST, SPLIT_SCORES, LEAN_SOFTMAX, red_smem)),
+                                     N_DT, LV, ROWS, REQUEST_COST, SPLIT_SCORES, LEAN_SOFTMAX, red_smem, Timeline,
+                                     TIMELINE)),
             (_consumer_swapab_grid, (1, shared, q_free, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                                     N_DT, LV, ROWS, REQUEST_COST, SPLIT_SCORES, LEAN_SOFTMAX, red_smem)),
+                                     N_DT, LV, ROWS, REQUEST_COST, SPLIT_SCORES, LEAN_SOFTMAX, red_smem, Timeline,
+                                     TIMELINE)),
             (_producer_grid, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, ready, empty, Req_to_Token,
                               Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                               kv_capacity, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
