@@ -346,6 +346,13 @@ gridkt() {  # where the balanced grid's time goes: per kernel and CTA timelines 
   kt grid '{"GRID": 1}' equal --shape M2 --case 16,2,16,4096 16,2,128,4096
   kt table '{}' spread --case 16,2,64,4096
   kt grid '{"GRID": 1}' spread --case 16,2,64,4096
+  local lens
+  for lens in spread equal; do  # the request cost and the merge's slots a step
+    timeout 120 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,2,16,4096 16,2,64,4096 16,2,128,4096 \
+      16,1,128,4096 $([ $lens = spread ] && echo --spread) --variant '{}' '{"GRID": 1, "REQUEST_COST": 4}' \
+      '{"GRID": 1, "REQUEST_COST": 4, "S2_BLOCK_S": 16}' '{"GRID": 1, "REQUEST_COST": 8, "S2_BLOCK_S": 16}' \
+      --rounds 3 --json "$OUT/ab_grid_cost_$lens.json" 2>&1 | grep -v Warn | tail -26
+  done
 }
 gridfm() {  # the balanced grid beside FlashMLA: per kernel at ragged and equal lengths (the table
   # and GRID, each with FlashMLA's kernels in its process), then the serving step with a GRID engine
