@@ -354,6 +354,17 @@ gridkt() {  # where the balanced grid's time goes: per kernel and CTA timelines 
       --rounds 3 --json "$OUT/ab_grid_cost_$lens.json" 2>&1 | grep -v Warn | tail -26
   done
 }
+gridcheck() {  # the balanced grid's GPU tests, then its A/B and timelines against the table
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" -m gpu tests/test_gluon_verify.py \
+    tests/test_checked_mode.py -k "grid or swapab-lean1" 2>&1 | tee "$OUT/gpu_tests_grid.txt" | tail -4
+  local lens
+  for lens in spread equal; do
+    timeout 120 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,2,16,4096 16,2,64,4096 16,2,128,4096 \
+      16,1,128,4096 $([ $lens = spread ] && echo --spread) --variant '{}' '{"GRID": 1}' '{"GRID": 1, "REQUEST_COST": 4}' \
+      --rounds 3 --json "$OUT/ab_grid_$lens.json" 2>&1 | grep -v Warn | tail -20
+  done
+  kt grid '{"GRID": 1}' equal --shape M2 --case 16,2,16,4096 16,2,128,4096
+}
 gridfm() {  # the balanced grid beside FlashMLA: per kernel at ragged and equal lengths (the table
   # and GRID, each with FlashMLA's kernels in its process), then the serving step with a GRID engine
   flashmla
@@ -413,6 +424,7 @@ flashcol) flashcol ;;
 fixedcost) fixedcost ;;
 grid) grid ;;
 gridfm) gridfm ;;
+gridcheck) gridcheck ;;
 gridkt) gridkt ;;
 balance) balance ;;
 timeline) timeline ;;
