@@ -342,14 +342,12 @@ def _grid_requests(Seq_Lens, Real_Lens, batch, num_kv_splits, kv_capacity, BLOCK
 
 @gluon.jit
 def _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLOCK_N: gl.constexpr,
-                  REQUEST_COST: gl.constexpr, valid):
+                  REQUEST_COST: gl.constexpr):
     """Request ``r``'s segment in this CTA of the balanced grid, its units starting at ``u0``:
     ``(seg, u0 of the next request)``, ``seg = (r, slot, segments, b0, b1)`` for ``_work``:
     the request's blocks ``[b0, b1)`` (none where this CTA's range falls between two of its
-    blocks' CTAs), in slot ``slot`` of its ``segments`` CTAs. Nothing is read where not
-    ``valid`` (the producer's look-ahead past its CTA's last request)."""
-    n = gl.load(Seq_Lens + r, mask=valid, other=0)
-    n = gl.minimum(gl.maximum(gl.minimum(n, gl.load(Real_Lens + r, mask=valid, other=0)), 0), kv_capacity)
+    blocks' CTAs), in slot ``slot`` of its ``segments`` CTAs."""
+    n = gl.minimum(gl.maximum(gl.minimum(gl.load(Seq_Lens + r), gl.load(Real_Lens + r)), 0), kv_capacity)
     nb = gl.cdiv(n, BLOCK_N)
     first = u0 + REQUEST_COST
     c_first = _grid_cta_of(first, units, g)
@@ -933,33 +931,27 @@ def _alt_blocks(k_desc, kv_smem, ready, empty, Req_to_Token, req_row, split_star
     block i into stage ``(g0 + i) % 2`` by halves, the owner's half first (``g0``: the blocks the
     ring took before, across the balanced grid's segments)."""
     page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
+    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     for i in range(n_blocks):
+        s = (g0 + i) % 2
+        ph = (((g0 + i) // 2) & 1) ^ 1
         start = split_start + i * BLOCK_N
         page_next = gl.load(Req_to_Token + req_row + (start + BLOCK_N) // page_size,
                             mask=i + 1 < n_blocks, other=0)
-        _alt_block(k_desc, kv_smem, ready, empty, g0 + i, page, start % page_size, N_DT)
+        tok = start % page_size
+        for hh in gl.static_range(2):
+            h = (s + hh) % 2  # the owner's half first
+            mbarrier.wait(empty.index(2 * s + h), ph)
+            bar = ready.index(2 * s + h)
+            if h == 0:
+                mbarrier.expect(bar, HALF0 * k_desc.block_type.nbytes)
+                for c in gl.static_range(HALF0):
+                    tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+            else:
+                mbarrier.expect(bar, (N_DT - HALF0) * k_desc.block_type.nbytes)
+                for c in gl.static_range(HALF0, N_DT):
+                    tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
         page = page_next
-
-
-@gluon.jit
-def _alt_block(k_desc, kv_smem, ready, empty, i, page, tok, N_DT: gl.constexpr):
-    """The ring's block ``i`` (tokens ``[tok, tok + BLOCK_N)`` of cache page ``page``) into
-    stage ``i % 2`` by halves, the owner's half first, each once its readers released it."""
-    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
-    s = i % 2
-    ph = ((i // 2) & 1) ^ 1
-    for hh in gl.static_range(2):
-        h = (s + hh) % 2  # the owner's half first
-        mbarrier.wait(empty.index(2 * s + h), ph)
-        bar = ready.index(2 * s + h)
-        if h == 0:
-            mbarrier.expect(bar, HALF0 * k_desc.block_type.nbytes)
-            for c in gl.static_range(HALF0):
-                tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
-        else:
-            mbarrier.expect(bar, (N_DT - HALF0) * k_desc.block_type.nbytes)
-            for c in gl.static_range(HALF0, N_DT):
-                tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
 
 
 # fp8 caches on the pair schedules: a 4-warp converter partition replaces the producer warp.
@@ -2101,8 +2093,7 @@ def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, batch, TOK_BOX: gl.c
                                                   REQUEST_COST)
     blocks = r0 * 0  # the ring's blocks before this segment
     for r in range(r0, r1):
-        seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST,
-                                r < r1)
+        seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST)
         (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked,
          qk_scale_r, v_scale, k_req) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
                                                      None, 1, 1, None, None, False, 0, False, RQ, R, True, seg,
@@ -2142,63 +2133,22 @@ def _producer_grid(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, read
                    TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                    MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
                    REQUEST_COST: gl.constexpr):
-    """The alt producer warp on the balanced grid, for each of this CTA's segments: its first
-    block into the ring as soon as a stage is free (under the previous segment's last block),
-    its Q once both groups are done reading the previous one's (``q_free``), then its other
-    blocks, the ring counted across segments. The next segment's facts (its lengths, work item
-    and first page) are read after this one's last block is issued, under the ring's last two
-    blocks, so that nothing between two segments waits for memory but Q's copy."""
+    """The alt producer warp on the balanced grid: for each of this CTA's segments, its Q once
+    both groups are done reading the previous one's (``q_free``), then its blocks into the
+    ring, counted across segments."""
     r0, r1, u0, lo, hi, g, units = _grid_requests(Seq_Lens, Real_Lens, batch, num_kv_splits, kv_capacity, BLOCK_N,
                                                   REQUEST_COST)
-    seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r0, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST,
-                            r0 < r1)
-    item = _grid_fill_item(Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                           kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, seg, r0 < r1)
     blocks = r0 * 0
     for r in range(r0, r1):
-        split_start, n_blocks, req_row, q_tok, head0, page = item
-        if n_blocks > 0:
-            _alt_block(k_desc, kv_smem, ready, empty, blocks, page, split_start % page_size, N_DT)
+        seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST)
         mbarrier.wait(q_free, ((r - r0) & 1) ^ 1, pred=r > r0)
-        _grid_load_q(q_desc, q_smem, sp_smem, q_bar, q_tok, head0, N_DT)
-        _alt_blocks(k_desc, kv_smem, ready, empty, Req_to_Token, req_row, split_start + BLOCK_N,
-                    gl.maximum(n_blocks - 1, 0), page_size, blocks + 1, BLOCK_N, N_DT)
+        split_start, n_blocks, req_row = _fill_work(
+            q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
+            kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, None, 1, 1, None, None,
+            False, False, 0, True, True, seg)
+        _alt_blocks(k_desc, kv_smem, ready, empty, Req_to_Token, req_row, split_start, n_blocks, page_size, blocks,
+                    BLOCK_N, N_DT)
         blocks += n_blocks
-        # The next segment's facts, while the ring's last two blocks are consumed (its first
-        # block's stage frees one block after this segment's last was issued).
-        seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r + 1, u0, lo, hi, g, units, kv_capacity, BLOCK_N,
-                                REQUEST_COST, r + 1 < r1)
-        item = _grid_fill_item(Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen, num_heads,
-                               page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, seg,
-                               r + 1 < r1)
-
-
-@gluon.jit
-def _grid_fill_item(Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
-                    kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
-                    MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, seg, valid):
-    """What the balanced grid's producer needs of segment ``seg``: ``(split_start, n_blocks,
-    req_row, q_tok, head0, page)``, its first key, its blocks, its request's row of the block
-    table, Q's first row and head and its first block's page (none read where not ``valid``)."""
-    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
-     split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
-        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, None, 1, 1, None, None, False, False, 0, True, seg)
-    n_blocks = gl.where(valid, n_blocks, 0)
-    req_row = pid_b.to(gl.int64) * stride_req_b
-    page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
-    return split_start, n_blocks, req_row, pid_b * qlen + tok0, head0, page
-
-
-@gluon.jit
-def _grid_load_q(q_desc, q_smem, sp_smem, q_bar, q_tok, head0, N_DT: gl.constexpr):
-    """A balanced-grid segment's Q (``_pair_load_q``'s copy, for every segment)."""
-    mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
-    for c in gl.static_range(N_DT - 1):
-        tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
-    rope_dst = sp_smem.index(1).reinterpret(q_desc.dtype, [q_desc.block_type.shape[0], q_desc.block_type.shape[1], _DT],
-                                            q_desc.layout)
-    tma.async_load(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
 
 
 @gluon.jit
