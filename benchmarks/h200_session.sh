@@ -65,6 +65,11 @@
 #                                           # of GRID beside FlashMLA's at ragged and equal lengths
 #                                           # (kt_fm_{table,grid}_{spread,equal}.json), the serving
 #                                           # step with a GRID engine (serving_step_grid.json)
+#   bash benchmarks/h200_session.sh gridkt  # per kernel and CTA timelines of the table and GRID at
+#                                           # M2, H16 q2 B16 / B128 equal and B64 spread, then the
+#                                           # A/B of REQUEST_COST and S2_BLOCK_S (ab_grid_cost_*.json)
+#   bash benchmarks/h200_session.sh gridcheck # GRID's GPU tests, its A/B at ragged and equal
+#                                           # lengths and its timelines, in one call
 #   bash benchmarks/h200_session.sh merge2  # the merge behind the swap-AB stage 1: the Gluon GPU tests
 #                                           # (-m gpu: 150 s without it ran out on an H100),
 #                                           # the A/B of stage 2's keys (S2_BLOCK_S, S2_BLOCK_DV,
