@@ -1951,6 +1951,21 @@ def _swapab_start(shared, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_A
 
 
 @gluon.jit
+def _swapab_fresh(R: gl.constexpr, BLOCK_N: gl.constexpr, MMA: gl.constexpr, RQ: gl.constexpr,
+                  LEAN_SOFTMAX: gl.constexpr):
+    """A swap-AB group's state before a split's first block: its O^T half by 64 columns (four
+    ``[64, R]`` zeros), the rows' sums (LEAN_SOFTMAX >= 1: by key, ``[BLOCK_N, R]``; see
+    ``_swapab_softmax``) and running max. Returns ``(acc0, acc1, acc2, acc3, l_i, m_i)``."""
+    if LEAN_SOFTMAX >= 1:
+        l_i = gl.zeros([BLOCK_N, R], gl.float32, MMA)
+    else:
+        l_i = gl.zeros([R], gl.float32, RQ)
+    return (gl.zeros([_DT, R], gl.float32, MMA), gl.zeros([_DT, R], gl.float32, MMA),
+            gl.zeros([_DT, R], gl.float32, MMA), gl.zeros([_DT, R], gl.float32, MMA), l_i,
+            gl.full([R], float("-inf"), gl.float32, RQ))
+
+
+@gluon.jit
 def _swapab_loop(WG: gl.constexpr, q_smem, kv_smem, sp_smem, ready, empty, pt, red, n_blocks, g0, split_start,
                  kv_end, full_end, lim, qk_scale, seq_len, acc0, acc1, acc2, acc3, m_i, l_i, BLOCK_N: gl.constexpr,
                  N_DT: gl.constexpr, V0: gl.constexpr, V_TILES: gl.constexpr, R: gl.constexpr, MMA: gl.constexpr,
@@ -2033,15 +2048,7 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
     # My P^T: half of P tile 0 (tile 1 keeps Q's rope tile for every block's scores).
     PT_L: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * R, element_bitwidth=16)
     pt = sp_smem.index(0).reinterpret(sp_smem.dtype, [2 * BLOCK_N, R], PT_L).slice(WG * BLOCK_N, BLOCK_N)
-    acc0 = gl.zeros([_DT, R], gl.float32, MMA)  # my O^T half, by 64 columns
-    acc1 = gl.zeros([_DT, R], gl.float32, MMA)
-    acc2 = gl.zeros([_DT, R], gl.float32, MMA)
-    acc3 = gl.zeros([_DT, R], gl.float32, MMA)
-    if LEAN_SOFTMAX >= 1:
-        l_i = gl.zeros([BLOCK_N, R], gl.float32, MMA)  # the rows' sums by key (_swapab_softmax)
-    else:
-        l_i = gl.zeros([R], gl.float32, RQ)
-    m_i = gl.full([R], float("-inf"), gl.float32, RQ)
+    acc0, acc1, acc2, acc3, l_i, m_i = _swapab_fresh(R, BLOCK_N, MMA, RQ, LEAN_SOFTMAX)
     if LEAN_SOFTMAX >= 2:
         red = red_smem.index(WG)
     else:
@@ -2101,15 +2108,7 @@ def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, batch, TOK_BOX: gl.c
         if WG == 0:
             if r == r0:
                 _cta_mark(Timeline, 3, TIMELINE)
-        acc0 = gl.zeros([_DT, R], gl.float32, MMA)
-        acc1 = gl.zeros([_DT, R], gl.float32, MMA)
-        acc2 = gl.zeros([_DT, R], gl.float32, MMA)
-        acc3 = gl.zeros([_DT, R], gl.float32, MMA)
-        if LEAN_SOFTMAX >= 1:
-            l_i = gl.zeros([BLOCK_N, R], gl.float32, MMA)
-        else:
-            l_i = gl.zeros([R], gl.float32, RQ)
-        m_i = gl.full([R], float("-inf"), gl.float32, RQ)
+        acc0, acc1, acc2, acc3, l_i, m_i = _swapab_fresh(R, BLOCK_N, MMA, RQ, LEAN_SOFTMAX)
         acc0, acc1, acc2, acc3, m_i, l_i = _swapab_loop(
             WG, q_smem, kv_smem, sp_smem, ready, empty, pt, red, n_blocks, blocks, split_start, kv_end, full_end,
             lim, qk_scale_r, seq_len, acc0, acc1, acc2, acc3, m_i, l_i, BLOCK_N, N_DT, V0, V_TILES, R, MMA, KEY,
