@@ -71,4 +71,12 @@ ok = same_enc and same_dec and err_enc <= tol and err_dec <= tol
 print(f"torch.compile(fullgraph=True) on {device}, {str(dtype)[6:]}: encoder max |o - ref| = "
       f"{err_enc:.2e}, decode verify max |o, lse - ref| = {err_dec:.2e} (tol {tol:g}); equal to "
       f"eager: {same_enc and same_dec}: {'OK' if ok else 'FAILED'}")
+if not ok:  # what a failure needs to be diagnosed from a CI log
+    err_eager = (o_eager.double() - ref).abs().max().item()
+    where = (o.double() - ref).abs().flatten().argmax().item()
+    print(f"encoder: eager max |o - ref| = {err_eager:.2e}, max |compiled - eager| = "
+          f"{(o - o_eager).abs().max().item():.2e} at flat index {where}; a second compiled call "
+          f"equals the first: {torch.equal(model(q, k, v, starts, lens, max(tokens)), o)}; "
+          f"threads {torch.get_num_threads()}; mla_ops._C: {mla_ops.library.EXTENSION_STATUS}",
+          file=sys.stderr)
 sys.exit(0 if ok else 1)
