@@ -19,7 +19,8 @@ and end in µs from the launch's first start (``timeline.ctas``), the launch's s
 used and their share of idle time, and the CTAs that end last: how the CTAs were dispatched,
 where the per-kernel times say only how long the launch took. The swap-AB and seesaw schedules
 also mark when a CTA's Q tile landed, its block loop ended and its output was stored
-(``timeline.phases_us``: the median CTA's time in each).
+(``timeline.phases_us``: the median CTA's time in each); the balanced grid marks its CTAs' first
+two segments too (``timeline.boundary_us``: what a segment boundary costs, and where).
 
 GPU only (the profiler times CUDA kernels): on a machine without one it says so and exits 2.
 """
@@ -127,7 +128,7 @@ def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overr
                                                           ragged=False, context_parallel=False, single=splits == 1)
     if on_grid:  # the balanced grid: one CTA per SM
         grid = api.sm_count
-    buf = torch.full((grid, 6), -1, dtype=torch.int64, device="cuda")
+    buf = torch.full((grid, gluon_launch.TIMELINE_SLOTS), -1, dtype=torch.int64, device="cuda")
     fn = decode.make_call(api, inp, case.qlen, splits, DEFAULT_SM_SCALE, case.page_size, overrides or None,
                           kv_index=0)
     with gluon_launch.cta_timeline(buf):
@@ -147,21 +148,38 @@ def cta_timeline(api: decode.Api, case: Case, cfg: dict, splits: int, inp, overr
     return summarize_timeline(buf.cpu().tolist(), row_blocks, case.B, splits, pieces)
 
 
+# The balanced grid's marks of a CTA's first two segments (``gluon_kernels._cta_mark_segment``),
+# five per segment, in the order of ``marks[pid][6:16]``.
+SEGMENT_EVENTS = ("q_asked", "block_asked", "q_landed", "loop_done", "stored")
+
+
 def summarize_timeline(marks: list, row_blocks: int, batch: int, splits: int,
                        pieces: list | None = None) -> dict:
-    """``marks[pid] = [start, end, SM, Q landed, loop done, output stored]`` (ns; the last three
-    -1 where the schedule does not mark them, ``gluon_kernels._cta_mark``) of every CTA -> the
-    timeline's summary and its CTAs ``[pid, request, split, SM, start, end, Q, loop, stored]``
-    (µs from the first start; None where not marked). A launch orders its CTAs (row block,
-    request, split); a balanced one (``pieces``, its ``(request, slot)`` order:
+    """``marks[pid] = [start, end, SM, Q landed, loop done, output stored, *segments]`` (ns; the
+    last three -1 where the schedule does not mark them, ``gluon_kernels._cta_mark``) of every
+    CTA -> the timeline's summary and its CTAs ``[pid, request, split, SM, start, end, Q, loop,
+    stored]`` (µs from the first start; None where not marked). A launch orders its CTAs (row
+    block, request, split); a balanced one (``pieces``, its ``(request, slot)`` order:
     ``splits.balanced_piece_order``) (row block, piece), request -1 past the pieces. The idle
     share counts one CTA at a time per SM, as the Gluon stage 1 runs. ``phases_us``: the
-    median over the marked CTAs of start -> Q, Q -> loop done, loop -> stored, stored -> end."""
+    median over the marked CTAs of start -> Q, Q -> loop done, loop -> stored, stored -> end.
+
+    The balanced grid also marks its CTAs' first two segments (``marks[pid][6:16]``,
+    :data:`SEGMENT_EVENTS` each): each CTA row then ends with those ten times, and
+    ``boundary_us`` is the median, over the CTAs of two segments or more, of what passes
+    between them, from the first segment's loop done: its output stored (``store``), the
+    producer asking for the second segment's Q and first block (``q_asked``, ``block_asked``;
+    negative where before), and the second segment's Q landed and facts read (``q_landed``)."""
     t0 = min(m[0] for m in marks)
 
     def us(t):
         return round((t - t0) / 1e3, 3) if t >= 0 else None
 
+    def median(xs):
+        xs = sorted(xs)
+        return round(xs[len(xs) // 2], 3)
+
+    segmented = any(t >= 0 for m in marks for t in m[6:16])
     ctas = []
     for pid, m in enumerate(marks):
         start, end, sm = m[:3]
@@ -170,7 +188,10 @@ def summarize_timeline(marks: list, row_blocks: int, batch: int, splits: int,
             req, split = pieces[piece] if piece < len(pieces) else (-1, -1)
         else:
             req, split = pid // (row_blocks * splits), (pid // row_blocks) % splits
-        ctas.append([pid, req, split, sm, us(start), us(end)] + [us(t) for t in (list(m[3:6]) + [-1] * 3)[:3]])
+        row = [pid, req, split, sm, us(start), us(end)] + [us(t) for t in (list(m[3:6]) + [-1] * 3)[:3]]
+        if segmented:
+            row += [us(t) for t in (list(m[6:16]) + [-1] * 10)[:10]]
+        ctas.append(row)
     span = max(c[5] for c in ctas)
     sms = sorted({c[3] for c in ctas})
     busy = sum(c[5] - c[4] for c in ctas)
@@ -178,14 +199,20 @@ def summarize_timeline(marks: list, row_blocks: int, batch: int, splits: int,
     marked = [c for c in ctas if None not in c[6:9]]
     phases = None
     if marked:
-        def median(xs):
-            xs = sorted(xs)
-            return round(xs[len(xs) // 2], 3)
         phases = {"to_q": median(c[6] - c[4] for c in marked), "loop": median(c[7] - c[6] for c in marked),
                   "store": median(c[8] - c[7] for c in marked), "to_end": median(c[5] - c[8] for c in marked)}
-    return {"span_us": span, "ctas_n": len(ctas), "sms": len(sms),
-            "idle_share": round(1 - busy / (len(sms) * span), 4) if span > 0 else 0.0,
-            "phases_us": phases, "last": last, "ctas": ctas}
+    out = {"span_us": span, "ctas_n": len(ctas), "sms": len(sms),
+           "idle_share": round(1 - busy / (len(sms) * span), 4) if span > 0 else 0.0,
+           "phases_us": phases, "last": last}
+    if segmented:
+        two = [dict(zip(SEGMENT_EVENTS, c[9:14])) | {"next": dict(zip(SEGMENT_EVENTS, c[14:19]))} for c in ctas
+               if None not in c[9:19]]
+        out["boundary_us"] = None if not two else {
+            "ctas": len(two),
+            "store": median(s["stored"] - s["loop_done"] for s in two),
+            **{k: median(s["next"][k] - s["loop_done"] for s in two) for k in ("q_asked", "block_asked", "q_landed")}}
+    out["ctas"] = ctas
+    return out
 
 
 def short_name(name: str) -> str:
@@ -234,6 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if tl["phases_us"]:
                 print("    median CTA: " + ", ".join(f"{k} {v:.2f}" for k, v in tl["phases_us"].items()) + " us",
                       flush=True)
+            if tl.get("boundary_us"):
+                b = tl["boundary_us"]
+                print(f"    segment boundary (median of {b['ctas']} CTAs, from the first loop's end): "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in b.items() if k != "ctas") + " us", flush=True)
     cli.write_rows(args.json, rows, command=results.command_line(PROG, argv), env=env)
     return 0
 

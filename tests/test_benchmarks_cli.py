@@ -1246,3 +1246,29 @@ def test_kernel_times_timeline_names_each_cta(balanced):
     assert tl["span_us"] == 21.0 and tl["sms"] == 6 and tl["ctas_n"] == 12
     assert tl["idle_share"] == round(1 - 12 * 10.0 / (6 * 21.0), 4)  # one CTA at a time per SM
     assert [c[0] for c in tl["last"]] == [11, 10, 9, 8, 7]
+    assert "boundary_us" not in tl and all(len(c) == 9 for c in tl["ctas"])  # no segment marks
+
+
+def test_kernel_times_timeline_times_the_grid_segment_boundary():
+    """The balanced grid's segment marks (``marks[pid][6:16]``: each of a CTA's first two segments'
+    Q and first block asked for, Q landed, loop done, output stored): every CTA row ends with
+    the ten times (None where not written), and ``boundary_us`` is the median over the CTAs of
+    two segments of each event of the second segment, and of the first's store, from the first
+    segment's loop end."""
+    def cta(pid, two):
+        start = 1_000 * pid
+        seg0 = [start + 100, start + 200, start + 2_000, start + 30_000, start + 33_000]
+        seg1 = ([start + 29_000 + 100 * pid, start + 28_000, start + 36_000 + 1_000 * pid, start + 50_000,
+                 start + 53_000] if two else [-1] * 5)
+        return [start, start + 60_000, pid, seg0[2], seg1[3] if two else seg0[3], seg1[4] if two else seg0[4]] \
+            + seg0 + seg1
+
+    marks = [cta(pid, two=pid % 2 == 1) for pid in range(6)]  # CTAs 1, 3, 5 hold two segments
+    tl = kernel_times.summarize_timeline(marks, 1, 6, 1, [(pid, 0) for pid in range(6)])
+    assert len(tl["ctas"][0]) == 19 and tl["ctas"][0][14:] == [None] * 5
+    assert tl["ctas"][3][9:14] == [3.1, 3.2, 5.0, 33.0, 36.0]
+    # from the first loop's end: the store 3 us; Q asked -1 + 0.1 pid (pid 1, 3, 5: median pid 3),
+    # the block -2, Q landed 6 + pid
+    assert tl["boundary_us"] == {"ctas": 3, "store": 3.0, "q_asked": -0.7, "block_asked": -2.0, "q_landed": 9.0}
+    marks = [m[:6] + m[6:11] + [-1] * 5 for m in marks]  # no CTA of two segments
+    assert kernel_times.summarize_timeline(marks, 1, 6, 1, None)["boundary_us"] is None

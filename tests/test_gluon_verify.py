@@ -94,6 +94,8 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
 
     timeline = schedule.endswith("-tl")  # the CTA timeline probe (gluon_launch.cta_timeline)
     schedule = schedule.removesuffix("-tl")
+    lookahead = schedule.endswith("-la")  # the grid's first block before Q (the config's GRID_LOOKAHEAD)
+    schedule = schedule.removesuffix("-la")
     grid = schedule.endswith("-grid")  # the balanced grid (the config's GRID; swap-AB, splits)
     schedule = schedule.removesuffix("-grid")
     balance = schedule.endswith("-bal")  # balanced splits (the config's BALANCE 2)
@@ -159,6 +161,10 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         assert not single, "the balanced grid needs a workspace (splits > 1)"
         sig["batch"] = "i32"
         constexprs["GRID"] = True
+        if lookahead:
+            constexprs["GRID_LOOKAHEAD"] = True
+        if timeline:  # the probe's launch gives the grid's producer the registers the groups leave
+            constexprs["PRODUCER_REGS"] = gla.probe_producer_regs(cfg)
     if schedule.startswith("seesaw-stage"):
         constexprs["STAGE_ORDER"] = True
     if schedule.endswith("-prod"):
@@ -238,6 +244,8 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, False, single, False, False
 # one with SPLIT_SCORES and LEAN_SOFTMAX 2.
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, False, False, False)
              for sched in ("swapab-lean1-grid", "swapab-split-lean2-grid")]
+# Its look-ahead producer (GRID_LOOKAHEAD), with the probe's segment marks.
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "swapab-lean1-grid-la-tl", False, False, False, False)]
 # On a triton the GPU does not run (the unpinned CI job), where spills and serialization are
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
@@ -247,7 +255,8 @@ BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", T
               ("seesaw-prod", True, 128), ("swapab-blocks", True, 16),
               ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128),
               ("alt-bal", False, 16), ("swapab-tl", False, 16), ("swapab-split", False, 16),
-              ("swapab-lean2", False, 16), ("swapab-lean1-grid", False, 16)}
+              ("swapab-lean2", False, 16), ("swapab-lean1-grid", False, 16),
+              ("swapab-lean1-grid-la-tl", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -346,7 +355,7 @@ def test_offline_compile_sm90a(variant, offline_reports):
     # return); none without it.
     timeline = schedule.endswith("-tl")
     assert r["timeline"] >= 2 if timeline else r["timeline"] == 0, r
-    schedule = schedule.removesuffix("-tl")
+    schedule = schedule.removesuffix("-tl").removesuffix("-la")
     # (the spill limits below hold with STAGE_OUT, NAMED_EXCHANGE and the probe too)
     balance = schedule.endswith("-bal")
     grid = schedule.endswith("-grid")
@@ -364,7 +373,7 @@ def test_offline_compile_sm90a(variant, offline_reports):
     # 12 warps launched (consumer group, consumer group, producer warp padded to a group): the
     # launch allocation is at most 65536 / 384 registers; setmaxnreg then moves them around.
     assert r["regs"] * 384 <= 65536, r
-    filler = _filler_regs(cfg, schedule, fp8)
+    filler = gla.probe_producer_regs(cfg) if grid and timeline else _filler_regs(cfg, schedule, fp8)
     assert cfg["CONSUMER_REGS"] in r["setmaxnreg"] and filler in r["setmaxnreg"], r
     assert 2 * cfg["CONSUMER_REGS"] + filler <= 3 * (65536 // 384 // 8 * 8), cfg
     assert r["shared"] <= SMEM_LIMIT, r
@@ -420,7 +429,7 @@ def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balanc
 def test_grid_reaches_the_bf16_swapab_kernel_with_splits_only(qlen, cfg, fp8, tree, splits, passed, key,
                                                               monkeypatch):
     """GRID runs the swap-AB kernel of a bf16 cache with a workspace on the balanced grid (one
-    CTA per SM, the batch and REQUEST_COST passed), only when set; a single split, an fp8 cache,
+    CTA per SM, the batch and REQUEST_COST passed, GRID_LOOKAHEAD where set), only when set; a single split, an fp8 cache,
     draft trees, alt (what swap-AB does not take), SWAPAB_BLOCKS and BALANCE run the grid of
     (row block, request, split) without the keys, as ``grid_takes`` tells the launcher's stage 2."""
     from mla_ops.platform import current
@@ -429,6 +438,10 @@ def test_grid_reaches_the_bf16_swapab_kernel_with_splits_only(qlen, cfg, fp8, tr
     _, kw = _recorded_launch(qlen, 16, full, monkeypatch, tree=tree, splits=splits, fp8=fp8,
                              balance=cfg.get("BALANCE", 0) if splits > 1 else 0)
     on = bool(key and passed)
+    assert "GRID_LOOKAHEAD" not in kw  # passed only when set (and on the grid):
+    _, ahead = _recorded_launch(qlen, 16, {**full, "GRID_LOOKAHEAD": 1}, monkeypatch, tree=tree, splits=splits,
+                                fp8=fp8, balance=cfg.get("BALANCE", 0) if splits > 1 else 0)
+    assert ahead.get("GRID_LOOKAHEAD") == (True if on else None)
     assert gla.grid_takes(full, qlen, 16, fp8=fp8, tree=tree, ragged=False, context_parallel=False,
                           single=splits == 1) is on
     assert kw.get("GRID") == (True if on else None)
@@ -455,7 +468,7 @@ def test_cta_timeline_reaches_the_launch_only_inside(monkeypatch):
 
     monkeypatch.setenv(fastpath.ENV_OFF, "0")
     grid = gla.gluon_row_blocks(2, 16) * 2 * 4  # _recorded_launch: 2 requests, 4 splits
-    buf = torch.full((grid, 6), -1, dtype=torch.int64)
+    buf = torch.full((grid, gla.TIMELINE_SLOTS), -1, dtype=torch.int64)
     with gla.cta_timeline(buf):
         assert os.environ[fastpath.ENV_OFF] == "1" and fastpath.status() is not None
         _, kw = _recorded_launch(2, 16, {"SCHEDULE": "swapab"}, monkeypatch, splits=4)
@@ -467,7 +480,7 @@ def test_cta_timeline_reaches_the_launch_only_inside(monkeypatch):
     _, kw = _recorded_launch(2, 16, {"SCHEDULE": "swapab"}, monkeypatch, splits=4)
     assert "Timeline" not in kw and "TIMELINE" not in kw
     for bad in (buf.int(), buf[:, :3], buf[0]):
-        with pytest.raises(ValueError, match=r"^buffer: expected a \[grid, 6\] int64 tensor"):
+        with pytest.raises(ValueError, match=r"^buffer: expected a \[grid, 16\] int64 tensor"):
             with gla.cta_timeline(bad):
                 pass
 
@@ -723,7 +736,8 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              # the balanced grid (one CTA per SM, each an equal share of the batch's blocks across
              # requests; bf16 swap-AB with splits, the others run without it)
              "swapab-lean1-grid": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "GRID": 1},
-             "swapab-split-lean2-grid": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "LEAN_SOFTMAX": 2, "GRID": 1}}
+             "swapab-split-lean2-grid": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "LEAN_SOFTMAX": 2, "GRID": 1},
+             "swapab-lean1-grid-la": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "GRID": 1, "GRID_LOOKAHEAD": 1}}
 
 # Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
 # token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
@@ -770,7 +784,7 @@ GRID_CASES = [
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("schedule", ["swapab-lean1-grid", "swapab-split-lean2-grid"])
+@pytest.mark.parametrize("schedule", ["swapab-lean1-grid", "swapab-split-lean2-grid", "swapab-lean1-grid-la"])
 @pytest.mark.parametrize("case", GRID_CASES, ids=[c[0] for c in GRID_CASES])
 def test_gluon_grid_matches_reference(case, schedule):
     """The balanced grid meets the rule, and its workspace shows the segments of the host's

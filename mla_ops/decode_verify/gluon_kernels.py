@@ -342,12 +342,14 @@ def _grid_requests(Seq_Lens, Real_Lens, batch, num_kv_splits, kv_capacity, BLOCK
 
 @gluon.jit
 def _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLOCK_N: gl.constexpr,
-                  REQUEST_COST: gl.constexpr):
+                  REQUEST_COST: gl.constexpr, valid=True):
     """Request ``r``'s segment in this CTA of the balanced grid, its units starting at ``u0``:
     ``(seg, u0 of the next request)``, ``seg = (r, slot, segments, b0, b1)`` for ``_work``:
     the request's blocks ``[b0, b1)`` (none where this CTA's range falls between two of its
-    blocks' CTAs), in slot ``slot`` of its ``segments`` CTAs."""
-    n = gl.minimum(gl.maximum(gl.minimum(gl.load(Seq_Lens + r), gl.load(Real_Lens + r)), 0), kv_capacity)
+    blocks' CTAs), in slot ``slot`` of its ``segments`` CTAs. Nothing is read where not
+    ``valid`` (the producer's read ahead past its CTA's last request)."""
+    n = gl.load(Seq_Lens + r, mask=valid, other=0)
+    n = gl.minimum(gl.maximum(gl.minimum(n, gl.load(Real_Lens + r, mask=valid, other=0)), 0), kv_capacity)
     nb = gl.cdiv(n, BLOCK_N)
     first = u0 + REQUEST_COST
     c_first = _grid_cta_of(first, units, g)
@@ -368,23 +370,39 @@ def _first_row(row_base, qlen, VARLEN: gl.constexpr):
         return row_base * qlen
 
 
+_TL_SLOTS = gl.constexpr(16)  # int64 slots per CTA of the timeline probe (``_cta_mark``)
+_TL_SEGMENTS = gl.constexpr(2)  # the balanced grid's segments it marks (``_cta_mark_segment``)
+
+
 @gluon.jit
 def _cta_mark(Timeline, slot: gl.constexpr, TIMELINE: gl.constexpr):
     """The CTA timeline probe (``TIMELINE``, off in every launch but ``benchmarks/kernel_times.py
-    --timeline``'s): ``%globaltimer`` (ns) into ``Timeline[pid, slot]`` (``[grid, 6]`` int64):
+    --timeline``'s): ``%globaltimer`` (ns) into ``Timeline[pid, slot]`` (``[grid, 16]`` int64):
     0 the CTA's start, 1 its end (also where a balanced launch's CTA returns at once); the
     swap-AB and seesaw schedules' first consumer group adds 3 its Q tile landed, 4 its block
     loop done, 5 its output stored. At the start the SM it runs on goes into ``Timeline[pid,
-    2]``. The calling partition's threads store the same values. Without it the kernels are
-    unchanged."""
+    2]``. Slots 6-15: the balanced grid's first two segments (``_cta_mark_segment``). The
+    calling partition's threads store the same values. Without it the kernels are unchanged."""
     if TIMELINE:
         t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
                                       pack=1)
-        row = Timeline + gl.program_id(0) * 6
+        row = Timeline + gl.program_id(0) * _TL_SLOTS
         gl.store(row + slot, t)
         if slot == 0:
             sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
             gl.store(row + 2, sm.to(gl.int64))
+
+
+@gluon.jit
+def _cta_mark_segment(Timeline, k, event: gl.constexpr, TIMELINE: gl.constexpr):
+    """The timeline probe at the balanced grid's segment ``k`` (the CTA's k-th, runtime; only the
+    first ``_TL_SEGMENTS`` are marked): ``Timeline[pid, 6 + 5 k + event]``, event 0 its Q
+    requested and 1 its first block requested (the producer), 2 its Q landed and its facts
+    read, 3 its block loop done, 4 its output stored (the first consumer group)."""
+    if TIMELINE:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                      pack=1)
+        gl.store(Timeline + gl.program_id(0) * _TL_SLOTS + 6 + 5 * k + event, t, mask=k < _TL_SEGMENTS)
 
 
 @gluon.jit
@@ -876,24 +894,17 @@ def _fill_work(q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b
                kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr, cp_rank,
                CP_WORLD: gl.constexpr, CP_INTERLEAVE: gl.constexpr, Qo_Indptr, num_rows, VARLEN: gl.constexpr,
-               HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, LOAD_Q: gl.constexpr, SEGMENT: gl.constexpr = False,
-               seg=None):
+               HAS_TREE: gl.constexpr, BALANCE: gl.constexpr, LOAD_Q: gl.constexpr):
     """The opening of the partitions that fill the pair schedules' ring (producer or converter
     warps): the CTA's work item, Q's copy requested (LOAD_Q: the partition that loads it) and
     ``(split_start, n_blocks, req_row)``: the split's first key, its blocks and the offset of the
-    request's row of the block table. SEGMENT: the balanced grid's segment ``seg`` (``_work``),
-    its Q copied whatever its blocks (the consumers wait for every segment's)."""
+    request's row of the block table."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE,
-        SEGMENT, seg)
+        MIN_SPLIT_LEN, BLOCK_N, cp_rank, CP_WORLD, CP_INTERLEAVE, Qo_Indptr, num_rows, VARLEN, HAS_TREE, BALANCE)
     if LOAD_Q:
-        if SEGMENT:
-            _pair_load_q(q_desc, q_smem, sp_smem, q_bar, gl.maximum(n_blocks, 1), row_base, qlen, tok0, head0, N_DT,
-                         VARLEN)
-        else:
-            _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
+        _pair_load_q(q_desc, q_smem, sp_smem, q_bar, n_blocks, row_base, qlen, tok0, head0, N_DT, VARLEN)
     return split_start, n_blocks, pid_b.to(gl.int64) * stride_req_b
 
 
@@ -931,27 +942,33 @@ def _alt_blocks(k_desc, kv_smem, ready, empty, Req_to_Token, req_row, split_star
     block i into stage ``(g0 + i) % 2`` by halves, the owner's half first (``g0``: the blocks the
     ring took before, across the balanced grid's segments)."""
     page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
-    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
     for i in range(n_blocks):
-        s = (g0 + i) % 2
-        ph = (((g0 + i) // 2) & 1) ^ 1
         start = split_start + i * BLOCK_N
         page_next = gl.load(Req_to_Token + req_row + (start + BLOCK_N) // page_size,
                             mask=i + 1 < n_blocks, other=0)
-        tok = start % page_size
-        for hh in gl.static_range(2):
-            h = (s + hh) % 2  # the owner's half first
-            mbarrier.wait(empty.index(2 * s + h), ph)
-            bar = ready.index(2 * s + h)
-            if h == 0:
-                mbarrier.expect(bar, HALF0 * k_desc.block_type.nbytes)
-                for c in gl.static_range(HALF0):
-                    tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
-            else:
-                mbarrier.expect(bar, (N_DT - HALF0) * k_desc.block_type.nbytes)
-                for c in gl.static_range(HALF0, N_DT):
-                    tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+        _alt_block(k_desc, kv_smem, ready, empty, g0 + i, page, start % page_size, N_DT)
         page = page_next
+
+
+@gluon.jit
+def _alt_block(k_desc, kv_smem, ready, empty, i, page, tok, N_DT: gl.constexpr):
+    """The ring's block ``i`` (tokens ``[tok, tok + BLOCK_N)`` of cache page ``page``) into
+    stage ``i % 2`` by halves, the owner's half first, each once its readers released it."""
+    HALF0: gl.constexpr = (N_DT - 1) // 2  # tiles in half 0 (4); half 1 has the rest (5)
+    s = i % 2
+    ph = ((i // 2) & 1) ^ 1
+    for hh in gl.static_range(2):
+        h = (s + hh) % 2  # the owner's half first
+        mbarrier.wait(empty.index(2 * s + h), ph)
+        bar = ready.index(2 * s + h)
+        if h == 0:
+            mbarrier.expect(bar, HALF0 * k_desc.block_type.nbytes)
+            for c in gl.static_range(HALF0):
+                tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
+        else:
+            mbarrier.expect(bar, (N_DT - HALF0) * k_desc.block_type.nbytes)
+            for c in gl.static_range(HALF0, N_DT):
+                tma.async_load(k_desc, [page, tok, c * _DT], bar, kv_smem.index(s * N_DT + c))
 
 
 # fp8 caches on the pair schedules: a 4-warp converter partition replaces the producer warp.
@@ -2081,7 +2098,8 @@ def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, batch, TOK_BOX: gl.c
     P.V and output. Each segment's output goes where a balanced launch's piece would
     (``_swapab_epilogue``: straight to o for a request of one segment). The timeline probe
     (``_cta_mark``): 3 when the first segment's Q landed, 4 and 5 when each segment's loop ended
-    and its output was stored (the last segment's remain)."""
+    and its output was stored (the last segment's remain); the first segments' own marks
+    (``_cta_mark_segment``)."""
     (q_smem, kv_smem, sp_smem, q_bar, ready, empty, Seq_Lens, Real_Lens, O, Lse, Mid, K_Scale, qk_scale,
      num_kv_splits, qlen, num_heads, Req_to_Token, stride_req_b, page_size, num_pages, kv_capacity, stride_om,
      stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h, stride_mid_s) = shared
@@ -2108,6 +2126,7 @@ def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, batch, TOK_BOX: gl.c
         if WG == 0:
             if r == r0:
                 _cta_mark(Timeline, 3, TIMELINE)
+            _cta_mark_segment(Timeline, r - r0, 2, TIMELINE)
         acc0, acc1, acc2, acc3, l_i, m_i = _swapab_fresh(R, BLOCK_N, MMA, RQ, LEAN_SOFTMAX)
         acc0, acc1, acc2, acc3, m_i, l_i = _swapab_loop(
             WG, q_smem, kv_smem, sp_smem, ready, empty, pt, red, n_blocks, blocks, split_start, kv_end, full_end,
@@ -2118,12 +2137,14 @@ def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, batch, TOK_BOX: gl.c
         blocks += n_blocks
         if WG == 0:
             _cta_mark(Timeline, 4, TIMELINE)
+            _cta_mark_segment(Timeline, r - r0, 3, TIMELINE)
         l_i = _swapab_row_sums(l_i, LEAN_SOFTMAX)
         _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0,
                          head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
                          stride_mid_s, HEAD_BOX, LV, False, False, R, MMA, k_req, 1, num_kv_splits)
         if WG == 0:
             _cta_mark(Timeline, 5, TIMELINE)
+            _cta_mark_segment(Timeline, r - r0, 4, TIMELINE)
 
 
 @gluon.jit
@@ -2131,23 +2152,78 @@ def _producer_grid(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, read
                    Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, batch,
                    TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                    MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
-                   REQUEST_COST: gl.constexpr):
-    """The alt producer warp on the balanced grid: for each of this CTA's segments, its Q once
+                   REQUEST_COST: gl.constexpr, LOOKAHEAD: gl.constexpr, Timeline, TIMELINE: gl.constexpr):
+    """The alt producer warp on the balanced grid, for each of this CTA's segments: its Q once
     both groups are done reading the previous one's (``q_free``), then its blocks into the
-    ring, counted across segments."""
+    ring, counted across segments. The next segment's facts (its lengths, work item and first
+    page) are read as soon as this one's last block is issued, under the ring's last two
+    blocks. LOOKAHEAD (``GRID_LOOKAHEAD``): from the second segment on, its first block goes
+    into the ring before its Q, as soon as a stage is free (under the previous segment's last
+    block); the first segment's Q still goes first, since every CTA asks for its first blocks
+    at once. The timeline probe marks each segment's Q and first block requested
+    (``_cta_mark_segment``)."""
     r0, r1, u0, lo, hi, g, units = _grid_requests(Seq_Lens, Real_Lens, batch, num_kv_splits, kv_capacity, BLOCK_N,
                                                   REQUEST_COST)
+    seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r0, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST,
+                            r0 < r1)
+    item = _grid_fill_item(Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                           kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, seg, r0 < r1)
     blocks = r0 * 0
     for r in range(r0, r1):
-        seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST)
+        split_start, n_blocks, req_row, q_tok, head0, page = item
+        if LOOKAHEAD:
+            if (n_blocks > 0) & (r > r0):
+                _alt_block(k_desc, kv_smem, ready, empty, blocks, page, split_start % page_size, N_DT)
+                _cta_mark_segment(Timeline, r - r0, 1, TIMELINE)
         mbarrier.wait(q_free, ((r - r0) & 1) ^ 1, pred=r > r0)
-        split_start, n_blocks, req_row = _fill_work(
-            q_desc, q_smem, sp_smem, q_bar, Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads,
-            kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT, None, 1, 1, None, None,
-            False, False, 0, True, True, seg)
-        _alt_blocks(k_desc, kv_smem, ready, empty, Req_to_Token, req_row, split_start, n_blocks, page_size, blocks,
-                    BLOCK_N, N_DT)
+        _grid_load_q(q_desc, q_smem, sp_smem, q_bar, q_tok, head0, N_DT)
+        _cta_mark_segment(Timeline, r - r0, 0, TIMELINE)
+        if LOOKAHEAD:
+            first_now = (n_blocks > 0) & (r == r0)
+        else:
+            first_now = n_blocks > 0
+        if first_now:
+            _alt_block(k_desc, kv_smem, ready, empty, blocks, page, split_start % page_size, N_DT)
+            _cta_mark_segment(Timeline, r - r0, 1, TIMELINE)
+        _alt_blocks(k_desc, kv_smem, ready, empty, Req_to_Token, req_row, split_start + BLOCK_N,
+                    gl.maximum(n_blocks - 1, 0), page_size, blocks + 1, BLOCK_N, N_DT)
         blocks += n_blocks
+        seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r + 1, u0, lo, hi, g, units, kv_capacity, BLOCK_N,
+                                REQUEST_COST, r + 1 < r1)
+        item = _grid_fill_item(Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen, num_heads,
+                               page_size, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, seg,
+                               r + 1 < r1)
+
+
+@gluon.jit
+def _grid_fill_item(Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
+                    kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
+                    MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, seg, valid):
+    """What the balanced grid's producer needs of segment ``seg``: ``(split_start, n_blocks,
+    req_row, q_tok, head0, page)``, its first key, its blocks, its request's row of the block
+    table, Q's first row and head and its first block's page (nothing read where not
+    ``valid``)."""
+    (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
+     split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
+        Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
+        MIN_SPLIT_LEN, BLOCK_N, None, 1, 1, None, None, False, False, 0, True, seg)
+    n_blocks = gl.where(valid, n_blocks, 0)
+    req_row = pid_b.to(gl.int64) * stride_req_b
+    page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
+    return split_start, n_blocks, req_row, pid_b * qlen + tok0, head0, page
+
+
+@gluon.jit
+def _grid_load_q(q_desc, q_smem, sp_smem, q_bar, q_tok, head0, N_DT: gl.constexpr):
+    """A balanced-grid segment's Q, whatever its blocks (the consumers wait for every
+    segment's): ``_pair_load_q``'s copy."""
+    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
+    mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
+    for c in gl.static_range(N_DT - 1):
+        tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
+    rope_dst = sp_smem.index(1).reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
+    tma.async_load(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
 
 
 @gluon.jit
@@ -2279,6 +2355,7 @@ def _verify_stage1_swapab(
     LEAN_SOFTMAX: gl.constexpr = 0,  # the softmax's reductions off the block's chain (``_swapab_softmax``)
     Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
     GRID: gl.constexpr = False, REQUEST_COST: gl.constexpr = 2, batch=None,  # the balanced grid (``splits.py``)
+    GRID_LOOKAHEAD: gl.constexpr = False,
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
     trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
@@ -2291,7 +2368,8 @@ def _verify_stage1_swapab(
     ragged rows or context parallelism; a split workspace): the balanced grid of ``splits.py``,
     each CTA the ``batch`` requests' blocks of its unit range, a segment per request it meets
     (``_consumer_swapab_grid``, ``_producer_grid``); REQUEST_COST: the units a request costs
-    beside its blocks."""
+    beside its blocks; GRID_LOOKAHEAD: a segment's first block before its Q from the second
+    segment on."""
     _launch_dependents(LAUNCH_DEPENDENTS)
     _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
@@ -2357,7 +2435,7 @@ def _verify_stage1_swapab(
             (_producer_grid, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, ready, empty, Req_to_Token,
                               Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                               kv_capacity, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                              REQUEST_COST)),
+                              REQUEST_COST, GRID_LOOKAHEAD, Timeline, TIMELINE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         mbarrier.invalidate(q_free)
     else:

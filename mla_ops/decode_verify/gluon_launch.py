@@ -132,6 +132,9 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # (``splits.grid_num_kv_splits``). Passed to the kernel only where it applies.
     "GRID": 0,
     "REQUEST_COST": 2,
+    # with GRID: 1, a segment's first block is asked for before its Q from the CTA's second
+    # segment on (under the previous segment's last block; gluon_kernels._producer_grid).
+    "GRID_LOOKAHEAD": 0,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -249,19 +252,21 @@ def _descriptors(q, k_buffer, page_size, block_n):
 
 
 _TIMELINE: list = [None]  # the buffer of an open ``cta_timeline``
+TIMELINE_SLOTS = 16  # int64 slots per CTA (gluon_kernels._TL_SLOTS)
 
 
 @contextlib.contextmanager
 def cta_timeline(buffer: torch.Tensor):
     """Inside it, every Gluon stage 1 launched writes each CTA's start and end (``%globaltimer``,
     ns), its SM and, in the swap-AB and seesaw schedules, when its Q tile landed, its block loop
-    ended and its output was stored into ``buffer[pid]`` (``[grid, 6]`` int64 on the launch's
-    device, -1 where not written beforehand; ``gluon_kernels._cta_mark``): how the CTAs of a launch were dispatched, which per-kernel
-    times cannot show (``benchmarks/kernel_times.py --timeline``). Every call inside takes the
+    ended and its output was stored into ``buffer[pid]`` (``[grid, 16]`` int64 on the launch's
+    device, -1 where not written beforehand; ``gluon_kernels._cta_mark``; slots 6-15: the
+    balanced grid's first two segments, ``_cta_mark_segment``): how the CTAs of a launch were
+    dispatched, which per-kernel times cannot show (``benchmarks/kernel_times.py --timeline``). Every call inside takes the
     full launch path (``fastpath.ENV_OFF`` set), since a replay would not pass the buffer."""
     if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.int64 or buffer.dim() != 2 \
-            or buffer.shape[1] != 6:
-        raise ValueError("buffer: expected a [grid, 6] int64 tensor")
+            or buffer.shape[1] != TIMELINE_SLOTS:
+        raise ValueError(f"buffer: expected a [grid, {TIMELINE_SLOTS}] int64 tensor")
     before, _TIMELINE[0] = os.environ.get(ENV_OFF), buffer
     os.environ[ENV_OFF] = "1"
     try:
@@ -345,11 +350,15 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
             extra["LEAN_SOFTMAX"] = int(c["LEAN_SOFTMAX"])
         if on_grid:
             extra.update(GRID=True, REQUEST_COST=int(c["REQUEST_COST"]), batch=batch)
+            if c["GRID_LOOKAHEAD"]:
+                extra["GRID_LOOKAHEAD"] = True
     if c["STAGE_OUT"] and kernel not in (_gk._verify_stage1_ws, _gk._verify_stage1_swapab):
         extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
     filler_regs = (c["CONVERTER_REGS"] if fp8 and kernel in (_gk._verify_stage1_alt, _gk._verify_stage1_swapab)
                    else c["PRODUCER_REGS"])
+    if on_grid and _TIMELINE[0] is not None:
+        filler_regs = probe_producer_regs(c)
     launch(kernel, grid,
         q_desc, k_desc, exp2_scale(sm_scale), req_to_token, seq_lens,
         real_lens if has_real else seq_lens, ws_arg, o, lse, k_scale,
@@ -370,6 +379,16 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
         **({"BALANCE": balance} if balance and not single else {}),
         **_timeline_args(grid, q.device),
     )
+
+
+def probe_producer_regs(cfg: dict[str, Any]) -> int:
+    """The balanced grid's producer registers in a launch with the timeline probe: what the
+    consumer groups leave of the 12 warps' budget (40 beside two groups of 232). Its segment
+    marks need more than the producer's 24 (which spilled 180 B for 48 without the probe, in a
+    loop that issues every block); with 40 it spills what the kernel without the probe does,
+    and the producer does nothing else the registers would change."""
+    c = {**GLUON_DEFAULT_CONFIG, **(cfg or {})}
+    return 3 * (65536 // (3 * 128) // 8 * 8) - 2 * int(c["CONSUMER_REGS"])
 
 
 def _timeline_args(grid: tuple, device: torch.device) -> dict:
