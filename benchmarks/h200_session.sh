@@ -68,9 +68,9 @@
 #   bash benchmarks/h200_session.sh gridkt  # per kernel and CTA timelines of the table and GRID at
 #                                           # M2, H16 q2 B16 / B128 equal and B64 spread, then the
 #                                           # A/B of REQUEST_COST and S2_BLOCK_S (ab_grid_cost_*.json)
-#   bash benchmarks/h200_session.sh gridcheck # GRID's GPU tests, the A/B of its boundary forms
-#                                           # (GRID_LOOKAHEAD, GRID_STORE_FIRST) at ragged and equal
-#                                           # lengths and their timelines with the segment boundaries
+#   bash benchmarks/h200_session.sh gridcheck # GRID's GPU tests, the A/B of its producer forms
+#                                           # (GRID_LOOKAHEAD 0 / 1) at ragged and equal lengths and
+#                                           # their timelines with the segment boundaries, one call
 #   bash benchmarks/h200_session.sh merge2  # the merge behind the swap-AB stage 1: the Gluon GPU tests
 #                                           # (-m gpu: 150 s without it ran out on an H100),
 #                                           # the A/B of stage 2's keys (S2_BLOCK_S, S2_BLOCK_DV,
@@ -360,20 +360,21 @@ gridkt() {  # where the balanced grid's time goes: per kernel and CTA timelines 
       --rounds 3 --json "$OUT/ab_grid_cost_$lens.json" 2>&1 | grep -v Warn | tail -26
   done
 }
-gridcheck() {  # the balanced grid's GPU tests, then its boundary forms' A/B against the table and
+gridcheck() {  # the balanced grid's GPU tests, then its two producer forms' A/B against the table and
   # their CTA timelines with the segment boundaries marked
   timeout 200 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" -m gpu tests/test_gluon_verify.py \
     tests/test_checked_mode.py -k "grid or swapab-lean1" 2>&1 | tee "$OUT/gpu_tests_grid.txt" | tail -4
-  local lens g='{"GRID": 1, "REQUEST_COST": 4' 
+  local lens
   for lens in spread equal; do
     timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,2,16,4096 16,2,64,4096 16,2,128,4096 \
-      16,1,128,4096 $([ $lens = spread ] && echo --spread) --variant '{}' "$g}" "$g, \"GRID_LOOKAHEAD\": 1}" \
-      "$g, \"GRID_STORE_FIRST\": 1}" --rounds 3 --json "$OUT/ab_grid_$lens.json" 2>&1 | grep -v Warn | tail -25
+      16,1,128,4096 $([ $lens = spread ] && echo --spread) --variant '{}' '{"GRID": 1, "REQUEST_COST": 4}' \
+      '{"GRID": 1, "REQUEST_COST": 4, "GRID_LOOKAHEAD": 1}' --rounds 3 --json "$OUT/ab_grid_$lens.json" 2>&1 \
+      | grep -v Warn | tail -20
   done
-  kt grid "$g}" equal --shape M2 --case 16,2,16,4096
-  kt grid_store_first "$g, \"GRID_STORE_FIRST\": 1}" equal --shape M2 --case 16,2,16,4096
-  kt grid "$g}" spread --case 16,2,64,4096 16,2,128,4096
-  kt grid_store_first "$g, \"GRID_STORE_FIRST\": 1}" spread --case 16,2,64,4096 16,2,128,4096
+  kt grid '{"GRID": 1, "REQUEST_COST": 4}' equal --shape M2 --case 16,2,16,4096
+  kt grid_ahead '{"GRID": 1, "REQUEST_COST": 4, "GRID_LOOKAHEAD": 1}' equal --shape M2 --case 16,2,16,4096
+  kt grid '{"GRID": 1, "REQUEST_COST": 4}' spread --case 16,2,64,4096 16,2,128,4096
+  kt grid_ahead '{"GRID": 1, "REQUEST_COST": 4, "GRID_LOOKAHEAD": 1}' spread --case 16,2,64,4096 16,2,128,4096
 }
 gridfm() {  # the balanced grid beside FlashMLA: per kernel at ragged and equal lengths (the table
   # and GRID, each with FlashMLA's kernels in its process), then the serving step with a GRID engine

@@ -96,8 +96,6 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
     schedule = schedule.removesuffix("-tl")
     lookahead = schedule.endswith("-la")  # the grid's first block before Q (the config's GRID_LOOKAHEAD)
     schedule = schedule.removesuffix("-la")
-    store_first = schedule.endswith("-sf")  # the grid's blocks after the output (GRID_STORE_FIRST)
-    schedule = schedule.removesuffix("-sf")
     grid = schedule.endswith("-grid")  # the balanced grid (the config's GRID; swap-AB, splits)
     schedule = schedule.removesuffix("-grid")
     balance = schedule.endswith("-bal")  # balanced splits (the config's BALANCE 2)
@@ -165,8 +163,6 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         constexprs["GRID"] = True
         if lookahead:
             constexprs["GRID_LOOKAHEAD"] = True
-        if store_first:
-            constexprs["GRID_STORE_FIRST"] = True
         if timeline:  # the probe's launch gives the grid's producer the registers the groups leave
             constexprs["PRODUCER_REGS"] = gla.probe_producer_regs(cfg)
     if schedule.startswith("seesaw-stage"):
@@ -249,8 +245,7 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, False, single, False, False
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, False, False, False)
              for sched in ("swapab-lean1-grid", "swapab-split-lean2-grid")]
 # Its look-ahead producer (GRID_LOOKAHEAD), with the probe's segment marks.
-VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, False, False, False)
-             for sched in ("swapab-lean1-grid-la-tl", "swapab-lean1-grid-sf")]
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "swapab-lean1-grid-la-tl", False, False, False, False)]
 # On a triton the GPU does not run (the unpinned CI job), where spills and serialization are
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
@@ -261,7 +256,7 @@ BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", T
               ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128),
               ("alt-bal", False, 16), ("swapab-tl", False, 16), ("swapab-split", False, 16),
               ("swapab-lean2", False, 16), ("swapab-lean1-grid", False, 16),
-              ("swapab-lean1-grid-la-tl", False, 16), ("swapab-lean1-grid-sf", False, 16)}
+              ("swapab-lean1-grid-la-tl", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -335,12 +330,10 @@ MAX_SPILL_DRAFTS = {("alt-early", True): 224}
 BALANCE_EXTRA_SPILL = 56
 # The balanced grid: the segment loop's scalars (the CTA's unit range, the next request's first
 # unit, the ring's block count) and the epilogue's two destinations: 44 bytes with LEAN_SOFTMAX 1
-# (swap-AB alone: 0). Read in the SASS of the first form: the kernel's arguments stored at its
-# start and reloaded once per segment, outside the block loops; the producer warp (24 registers)
-# keeps one word in local memory across its segment loop. Since the consumer groups read the
-# next segment's facts before storing the current one's output, six more words live across
-# the epilogue with SPLIT_SCORES + LEAN_SOFTMAX 2 (72 B) and with the timeline probe (88 B).
-GRID_EXTRA_SPILL = 80
+# and with SPLIT_SCORES + LEAN_SOFTMAX 2 (swap-AB alone: 0). Read in the SASS of the first: the
+# kernel's arguments stored at its start and reloaded once per segment, outside the block loops;
+# the producer warp (24 registers) keeps one word in local memory across its segment loop.
+GRID_EXTRA_SPILL = 48
 
 
 @pytest.mark.skipif(_BUILD_WHY is not None, reason=f"no Gluon API of the kernels here: {_BUILD_WHY}")
@@ -362,7 +355,7 @@ def test_offline_compile_sm90a(variant, offline_reports):
     # return); none without it.
     timeline = schedule.endswith("-tl")
     assert r["timeline"] >= 2 if timeline else r["timeline"] == 0, r
-    schedule = schedule.removesuffix("-tl").removesuffix("-la").removesuffix("-sf")
+    schedule = schedule.removesuffix("-tl").removesuffix("-la")
     # (the spill limits below hold with STAGE_OUT, NAMED_EXCHANGE and the probe too)
     balance = schedule.endswith("-bal")
     grid = schedule.endswith("-grid")
@@ -744,8 +737,7 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              # requests; bf16 swap-AB with splits, the others run without it)
              "swapab-lean1-grid": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "GRID": 1},
              "swapab-split-lean2-grid": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "LEAN_SOFTMAX": 2, "GRID": 1},
-             "swapab-lean1-grid-la": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "GRID": 1, "GRID_LOOKAHEAD": 1},
-             "swapab-lean1-grid-sf": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "GRID": 1, "GRID_STORE_FIRST": 1}}
+             "swapab-lean1-grid-la": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "GRID": 1, "GRID_LOOKAHEAD": 1}}
 
 # Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
 # token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
@@ -792,8 +784,7 @@ GRID_CASES = [
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("schedule", ["swapab-lean1-grid", "swapab-split-lean2-grid", "swapab-lean1-grid-la",
-                                      "swapab-lean1-grid-sf"])
+@pytest.mark.parametrize("schedule", ["swapab-lean1-grid", "swapab-split-lean2-grid", "swapab-lean1-grid-la"])
 @pytest.mark.parametrize("case", GRID_CASES, ids=[c[0] for c in GRID_CASES])
 def test_gluon_grid_matches_reference(case, schedule):
     """The balanced grid meets the rule, and its workspace shows the segments of the host's

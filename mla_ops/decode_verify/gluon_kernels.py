@@ -347,8 +347,8 @@ def _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLO
     ``(seg, u0 of the next request)``, ``seg = (r, slot, segments, b0, b1)`` for ``_work``:
     the request's blocks ``[b0, b1)`` (none where this CTA's range falls between two of its
     blocks' CTAs), in slot ``slot`` of its ``segments`` CTAs. Nothing is read where not
-    ``valid`` (a read ahead past the CTA's last request): ``seg`` then names request 0 and
-    holds no blocks, so that the facts read from it stay inside the batch."""
+    ``valid`` (the producer's read ahead past its CTA's last request): ``seg`` then names
+    request 0 and holds no blocks, so that the facts read from it stay inside the batch."""
     n = gl.load(Seq_Lens + r, mask=valid, other=0)
     n = gl.minimum(gl.maximum(gl.minimum(n, gl.load(Real_Lens + r, mask=valid, other=0)), 0), kv_capacity)
     nb = gl.cdiv(n, BLOCK_N)
@@ -504,8 +504,7 @@ def _consumer_prologue(q_bar, Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, n
     marked = _request_marked(Req_to_Token, stride_req_b, pid_b, split_start, split_end, req_lim, len_bad,
                              page_size, num_pages, 4)
     if SEGMENT:
-        if q_phase is not None:  # (None: the caller waits, ``_consumer_swapab_grid``)
-            mbarrier.wait(q_bar, q_phase)
+        mbarrier.wait(q_bar, q_phase)
     else:
         mbarrier.wait(q_bar, 0, pred=n_blocks > 0)
     return pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked, k_req
@@ -2089,20 +2088,16 @@ def _consumer_swapab(WG: gl.constexpr, shared, TOK_BOX: gl.constexpr, HEAD_BOX: 
 
 
 @gluon.jit
-def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, out_done, batch, TOK_BOX: gl.constexpr,
-                          HEAD_BOX: gl.constexpr,
+def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, batch, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr,
                           SPLIT_ALIGN: gl.constexpr, MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr,
                           N_DT: gl.constexpr, LV: gl.constexpr, R: gl.constexpr, REQUEST_COST: gl.constexpr,
                           SPLIT_SCORES: gl.constexpr = False, LEAN_SOFTMAX: gl.constexpr = 0, red_smem=None,
-                          Timeline=None, TIMELINE: gl.constexpr = False, STORE_FIRST: gl.constexpr = False):
+                          Timeline=None, TIMELINE: gl.constexpr = False):
     """Consumer group WG of the swap-AB schedule on the balanced grid (``_verify_stage1_swapab``
     with GRID): ``_consumer_swapab``'s work for each of this CTA's segments in turn, the ring's
     blocks counted across them; after a segment's last scores the group arrives on ``q_free``,
     so that the producer loads the next segment's Q (and its first blocks) under this one's
-    P.V and output; the next segment's facts (its lengths, work item and table check) are read
-    before this one's output is stored, and its Q waited for after. STORE_FIRST: both groups
-    arrive on ``out_done`` once a segment's output is stored (the producer then asks for the
-    next segment's blocks). Each segment's output goes where a balanced launch's piece would
+    P.V and output. Each segment's output goes where a balanced launch's piece would
     (``_swapab_epilogue``: straight to o for a request of one segment). The timeline probe
     (``_cta_mark``): 3 when the first segment's Q landed, 4 and 5 when each segment's loop ended
     and its output was stored (the last segment's remain); the first segments' own marks
@@ -2124,13 +2119,12 @@ def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, out_done, batch, TOK
     r0, r1, u0, lo, hi, g, units = _grid_requests(Seq_Lens, Real_Lens, batch, num_kv_splits, kv_capacity, BLOCK_N,
                                                   REQUEST_COST)
     blocks = r0 * 0  # the ring's blocks before this segment
-    seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r0, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST,
-                            r0 < r1)
-    (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked,
-     qk_scale_r, v_scale, k_req) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                                                 None, 1, 1, None, None, False, 0, False, RQ, R, True, seg, None)
     for r in range(r0, r1):
-        mbarrier.wait(q_bar, (r - r0) & 1)
+        seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST)
+        (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked,
+         qk_scale_r, v_scale, k_req) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                                                     None, 1, 1, None, None, False, 0, False, RQ, R, True, seg,
+                                                     (r - r0) & 1)
         if WG == 0:
             if r == r0:
                 _cta_mark(Timeline, 3, TIMELINE)
@@ -2147,19 +2141,9 @@ def _consumer_swapab_grid(WG: gl.constexpr, shared, q_free, out_done, batch, TOK
             _cta_mark(Timeline, 4, TIMELINE)
             _cta_mark_segment(Timeline, r - r0, 3, TIMELINE)
         l_i = _swapab_row_sums(l_i, LEAN_SOFTMAX)
-        out = (pid_s, tok0, head0, row_base, qlen_b, marked, v_scale, k_req)
-        # The next segment's facts (dependent reads: its lengths, work item and table check)
-        # before this one's output, so that they land under its stores.
-        seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r + 1, u0, lo, hi, g, units, kv_capacity, BLOCK_N,
-                                REQUEST_COST, r + 1 < r1)
-        (pid_s, tok0, head0, seq_len, split_start, kv_end, full_end, n_blocks, row_base, qlen_b, lim, marked,
-         qk_scale_r, v_scale, k_req) = _swapab_start(shared, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
-                                                     None, 1, 1, None, None, False, 0, False, RQ, R, True, seg, None)
-        _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, out[6], out[5], O, Lse, Mid, out[3], out[0], out[1],
-                         out[2], qlen, out[4], stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m,
-                         stride_mid_h, stride_mid_s, HEAD_BOX, LV, False, False, R, MMA, out[7], 1, num_kv_splits)
-        if STORE_FIRST:
-            mbarrier.arrive(out_done, count=1)  # my output is stored: the producer may fill the next blocks
+        _swapab_epilogue(WG, acc0, acc1, acc2, acc3, l_i, m_i, v_scale, marked, O, Lse, Mid, row_base, pid_s, tok0,
+                         head0, qlen, qlen_b, stride_om, stride_oh, stride_lm, stride_lh, stride_mid_m, stride_mid_h,
+                         stride_mid_s, HEAD_BOX, LV, False, False, R, MMA, k_req, 1, num_kv_splits)
         if WG == 0:
             _cta_mark(Timeline, 5, TIMELINE)
             _cta_mark_segment(Timeline, r - r0, 4, TIMELINE)
@@ -2170,8 +2154,7 @@ def _producer_grid(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, read
                    Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, batch,
                    TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                    MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
-                   REQUEST_COST: gl.constexpr, LOOKAHEAD: gl.constexpr, Timeline, TIMELINE: gl.constexpr,
-                   out_done, STORE_FIRST: gl.constexpr):
+                   REQUEST_COST: gl.constexpr, LOOKAHEAD: gl.constexpr, Timeline, TIMELINE: gl.constexpr):
     """The alt producer warp on the balanced grid, for each of this CTA's segments: its Q once
     both groups are done reading the previous one's (``q_free``), then its blocks into the
     ring, counted across segments. The next segment's facts (its lengths, work item and first
@@ -2179,11 +2162,8 @@ def _producer_grid(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, read
     blocks. LOOKAHEAD (``GRID_LOOKAHEAD``): from the second segment on, its first block goes
     into the ring before its Q, as soon as a stage is free (under the previous segment's last
     block); the first segment's Q still goes first, since every CTA asks for its first blocks
-    at once. STORE_FIRST (``GRID_STORE_FIRST``, not with LOOKAHEAD): a segment's blocks only
-    once both groups stored the previous segment's output (``out_done``), so that its stores
-    do not share the SM's memory path with the next blocks' copies. The timeline probe marks
-    each segment's Q and first block requested (``_cta_mark_segment``)."""
-    gl.static_assert(not (LOOKAHEAD and STORE_FIRST))
+    at once. The timeline probe marks each segment's Q and first block requested
+    (``_cta_mark_segment``)."""
     r0, r1, u0, lo, hi, g, units = _grid_requests(Seq_Lens, Real_Lens, batch, num_kv_splits, kv_capacity, BLOCK_N,
                                                   REQUEST_COST)
     seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r0, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST,
@@ -2200,8 +2180,6 @@ def _producer_grid(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, read
         mbarrier.wait(q_free, ((r - r0) & 1) ^ 1, pred=r > r0)
         _grid_load_q(q_desc, q_smem, sp_smem, q_bar, q_tok, head0, N_DT)
         _cta_mark_segment(Timeline, r - r0, 0, TIMELINE)
-        if STORE_FIRST:
-            mbarrier.wait(out_done, ((r - r0) & 1) ^ 1, pred=r > r0)
         if LOOKAHEAD:
             first_now = (n_blocks > 0) & (r == r0)
         else:
@@ -2379,7 +2357,7 @@ def _verify_stage1_swapab(
     LEAN_SOFTMAX: gl.constexpr = 0,  # the softmax's reductions off the block's chain (``_swapab_softmax``)
     Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
     GRID: gl.constexpr = False, REQUEST_COST: gl.constexpr = 2, batch=None,  # the balanced grid (``splits.py``)
-    GRID_LOOKAHEAD: gl.constexpr = False, GRID_STORE_FIRST: gl.constexpr = False,
+    GRID_LOOKAHEAD: gl.constexpr = False,
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
     trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
@@ -2393,7 +2371,7 @@ def _verify_stage1_swapab(
     each CTA the ``batch`` requests' blocks of its unit range, a segment per request it meets
     (``_consumer_swapab_grid``, ``_producer_grid``); REQUEST_COST: the units a request costs
     beside its blocks; GRID_LOOKAHEAD: a segment's first block before its Q from the second
-    segment on; GRID_STORE_FIRST: a segment's blocks after the previous one's output."""
+    segment on."""
     _launch_dependents(LAUNCH_DEPENDENTS)
     _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
@@ -2449,22 +2427,19 @@ def _verify_stage1_swapab(
             red_smem = sp_smem
         q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(q_free, count=2)  # both groups done reading a segment's Q
-        out_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(out_done, count=2)  # both groups stored a segment's output (GRID_STORE_FIRST)
         gl.warp_specialize([
-            (_consumer_swapab_grid, (0, shared, q_free, out_done, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-                                     MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, ROWS, REQUEST_COST, SPLIT_SCORES, LEAN_SOFTMAX,
-                                     red_smem, Timeline, TIMELINE, GRID_STORE_FIRST)),
-            (_consumer_swapab_grid, (1, shared, q_free, out_done, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
-                                     MIN_SPLIT_LEN, BLOCK_N, N_DT, LV, ROWS, REQUEST_COST, SPLIT_SCORES, LEAN_SOFTMAX,
-                                     red_smem, Timeline, TIMELINE, GRID_STORE_FIRST)),
+            (_consumer_swapab_grid, (0, shared, q_free, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                                     N_DT, LV, ROWS, REQUEST_COST, SPLIT_SCORES, LEAN_SOFTMAX, red_smem, Timeline,
+                                     TIMELINE)),
+            (_consumer_swapab_grid, (1, shared, q_free, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N,
+                                     N_DT, LV, ROWS, REQUEST_COST, SPLIT_SCORES, LEAN_SOFTMAX, red_smem, Timeline,
+                                     TIMELINE)),
             (_producer_grid, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, ready, empty, Req_to_Token,
                               Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                               kv_capacity, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                              REQUEST_COST, GRID_LOOKAHEAD, Timeline, TIMELINE, out_done, GRID_STORE_FIRST)),
+                              REQUEST_COST, GRID_LOOKAHEAD, Timeline, TIMELINE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         mbarrier.invalidate(q_free)
-        mbarrier.invalidate(out_done)
     else:
         if LEAN_SOFTMAX >= 2:  # each group's 4 warps' partial row maxima (_swapab_col_max)
             red_smem = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))

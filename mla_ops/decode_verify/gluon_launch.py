@@ -135,9 +135,6 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # with GRID: 1, a segment's first block is asked for before its Q from the CTA's second
     # segment on (under the previous segment's last block; gluon_kernels._producer_grid).
     "GRID_LOOKAHEAD": 0,
-    # with GRID: 1, a segment's blocks are asked for only once the previous segment's output is
-    # stored (not with GRID_LOOKAHEAD).
-    "GRID_STORE_FIRST": 0,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -355,8 +352,6 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
             extra.update(GRID=True, REQUEST_COST=int(c["REQUEST_COST"]), batch=batch)
             if c["GRID_LOOKAHEAD"]:
                 extra["GRID_LOOKAHEAD"] = True
-            if c["GRID_STORE_FIRST"]:
-                extra["GRID_STORE_FIRST"] = True
     if c["STAGE_OUT"] and kernel not in (_gk._verify_stage1_ws, _gk._verify_stage1_swapab):
         extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
