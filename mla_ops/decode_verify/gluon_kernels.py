@@ -2172,13 +2172,13 @@ def _producer_grid(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, read
                            kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, seg, r0 < r1)
     blocks = r0 * 0
     for r in range(r0, r1):
-        split_start, n_blocks, req_row, q_tok, head0, page = item
+        split_start, n_blocks, req_row, pid_b, tok0, head0, page = item
         if LOOKAHEAD:
             if (n_blocks > 0) & (r > r0):
                 _alt_block(k_desc, kv_smem, ready, empty, blocks, page, split_start % page_size, N_DT)
                 _cta_mark_segment(Timeline, r - r0, 1, TIMELINE)
         mbarrier.wait(q_free, ((r - r0) & 1) ^ 1, pred=r > r0)
-        _grid_load_q(q_desc, q_smem, sp_smem, q_bar, q_tok, head0, N_DT)
+        _pair_load_q(q_desc, q_smem, sp_smem, q_bar, 1, pid_b, qlen, tok0, head0, N_DT, False)  # (whatever its blocks)
         _cta_mark_segment(Timeline, r - r0, 0, TIMELINE)
         if LOOKAHEAD:
             first_now = (n_blocks > 0) & (r == r0)
@@ -2202,9 +2202,9 @@ def _grid_fill_item(Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_spli
                     kv_capacity, TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                     MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, seg, valid):
     """What the balanced grid's producer needs of segment ``seg``: ``(split_start, n_blocks,
-    req_row, q_tok, head0, page)``, its first key, its blocks, its request's row of the block
-    table, Q's first row and head and its first block's page (nothing read where not
-    ``valid``)."""
+    req_row, pid_b, tok0, head0, page)``, its first key, its blocks, its request's row of the
+    block table, the request, Q's first token and head in it and its first block's page
+    (nothing read where not ``valid``)."""
     (pid_b, pid_s, tok0, head0, seq_len, real_len, split_start, kv_end, full_end, max_lim, n_blocks,
      split_end, req_lim, len_bad, row_base, qlen_b, k_req) = _work(
         Seq_Lens, Real_Lens, num_kv_splits, qlen, num_heads, kv_capacity, TOK_BOX, HEAD_BOX, SPLIT_ALIGN,
@@ -2212,20 +2212,7 @@ def _grid_fill_item(Seq_Lens, Real_Lens, Req_to_Token, stride_req_b, num_kv_spli
     n_blocks = gl.where(valid, n_blocks, 0)
     req_row = pid_b.to(gl.int64) * stride_req_b
     page = gl.load(Req_to_Token + req_row + split_start // page_size, mask=n_blocks > 0, other=0)
-    return split_start, n_blocks, req_row, pid_b * qlen + tok0, head0, page
-
-
-@gluon.jit
-def _grid_load_q(q_desc, q_smem, sp_smem, q_bar, q_tok, head0, N_DT: gl.constexpr):
-    """A balanced-grid segment's Q, whatever its blocks (the consumers wait for every
-    segment's): ``_pair_load_q``'s copy."""
-    TOK_BOX: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_BOX: gl.constexpr = q_desc.block_type.shape[1]
-    mbarrier.expect(q_bar, N_DT * q_desc.block_type.nbytes)
-    for c in gl.static_range(N_DT - 1):
-        tma.async_load(q_desc, [q_tok, head0, c * _DT], q_bar, q_smem.index(c))
-    rope_dst = sp_smem.index(1).reinterpret(q_desc.dtype, [TOK_BOX, HEAD_BOX, _DT], q_desc.layout)
-    tma.async_load(q_desc, [q_tok, head0, (N_DT - 1) * _DT], q_bar, rope_dst)
+    return split_start, n_blocks, req_row, pid_b, tok0, head0, page
 
 
 @gluon.jit
