@@ -2,8 +2,11 @@
 verify step, each traced with no graph break.
 
 Runs as ``python examples/compile.py``: bf16 on a GPU (the Triton kernels), fp32 on a CPU (the
-ops' CPU kernels; inductor needs a C++ compiler there). The compiled results must equal the
-eager calls' and match the float64 references; the exit status is 1 if they do not.
+ops' CPU kernels; inductor needs a C++ compiler there). The compiled results must match the
+float64 references, and on a GPU equal the eager calls' bit for bit; the exit status is 1 if they
+do not. (On a CPU the ops' kernels are plain PyTorch, whose matmuls CI has seen take another path
+from one compiled call to the next, 3.27e-05 off against eager's 9.30e-07, so there the eager
+and compiled results must each match the reference, and whether they are equal is printed.)
 """
 
 import sys
@@ -67,12 +70,15 @@ err_dec = max((o_dec.double() - ref_o).abs().max().item(),
 same_dec = torch.equal(o_dec, o_dec_eager) and torch.equal(lse_dec, lse_dec_eager)
 
 tol = 3e-2 if dtype == torch.bfloat16 else 1e-4  # bf16: a few of its ulps at |o| of a few units
-ok = same_enc and same_dec and err_enc <= tol and err_dec <= tol
+err_enc_eager = (o_eager.double() - ref).abs().max().item()
+err_dec_eager = max((o_dec_eager.double() - ref_o).abs().max().item(),
+                    (lse_dec_eager.double() - ref_lse).abs().max().item())
+ok = max(err_enc, err_dec, err_enc_eager, err_dec_eager) <= tol and (device == "cpu" or (same_enc and same_dec))
 print(f"torch.compile(fullgraph=True) on {device}, {str(dtype)[6:]}: encoder max |o - ref| = "
       f"{err_enc:.2e}, decode verify max |o, lse - ref| = {err_dec:.2e} (tol {tol:g}); equal to "
       f"eager: {same_enc and same_dec}: {'OK' if ok else 'FAILED'}")
 if not ok:  # what a failure needs to be diagnosed from a CI log
-    err_eager = (o_eager.double() - ref).abs().max().item()
+    err_eager = err_enc_eager
     where = (o.double() - ref).abs().flatten().argmax().item()
     print(f"encoder: eager max |o - ref| = {err_eager:.2e}, max |compiled - eager| = "
           f"{(o - o_eager).abs().max().item():.2e} at flat index {where}; a second compiled call "
