@@ -6,8 +6,9 @@ runs; ratios inside one run are what NOTES.md compares.
 
 A variant is a JSON object of config overrides (``configs.VERIFY_DEFAULT_CONFIG`` keys, or
 ``"family"``) with an optional ``"splits"`` (``num_kv_splits``; default
-``verify_num_kv_splits`` for its BLOCK_H and SPLIT_WORK) and ``"name"``; ``{}`` is the table
-as selected. A variant the tuning module refuses (e.g. SWAP_AB with one stage on CUDA) is
+``verify_num_kv_splits`` for its BLOCK_H and SPLIT_WORK), ``"logits_cols"`` (the split
+workspace's row width, default Lv + 1 = 513; 528 makes each partial row start 32-byte aligned)
+and ``"name"``; ``{}`` is the table as selected. A variant the tuning module refuses (e.g. SWAP_AB with one stage on CUDA) is
 reported and skipped.
 
     PYTHONPATH=. python benchmarks/ab_decode_verify.py --shape M1 M2 \

@@ -114,11 +114,25 @@ def load_api() -> Api:
                decode_verify_ref, platform.current().sm_count)
 
 
+# Variant keys of the harness, not of the config: ``logits_cols``, the split workspace's row
+# width (``attn_logits.shape[3]``, >= Lv + 1; the op reads and writes the first Lv + 1).
+HARNESS_KEYS = ("logits_cols",)
+
+
+def split_overrides(overrides: dict | None) -> tuple[dict | None, dict]:
+    """``(config overrides or None, harness keys)`` of a variant's overrides."""
+    over = dict(overrides or {})
+    harness_keys = {k: over.pop(k) for k in HARNESS_KEYS if k in over}
+    return over or None, harness_keys
+
+
 def effective_config(api: Api, case: Case, overrides: dict | None, dtype: str = "bf16") -> dict:
     """The config the launcher runs for ``case`` with ``overrides``: the tuning module's
     selection and checks (a refused or unknown config raises its ValueError), with the facts
     only a launch has (whether the sm_90 Gluon family covers it) as the launcher computes them."""
     from mla_ops.decode_verify.launch import launch_config
+
+    overrides = split_overrides(overrides)[0]
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     probe = torch.empty(0, 1, LK, device=device,
@@ -188,14 +202,17 @@ class Inputs:
     lse: torch.Tensor
     workspaces: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
 
-    def attn_logits(self, splits: int) -> torch.Tensor | None:
+    def attn_logits(self, splits: int, cols: int | None = None) -> torch.Tensor | None:
+        """The split workspace ``[rows, H, splits, cols]`` (``cols`` >= Lv + 1, default Lv + 1:
+        the op uses each row's first Lv + 1)."""
         if splits == 1:
             return None
-        ws = self.workspaces.get(splits)
+        cols = cols or LV + 1
+        ws = self.workspaces.get((splits, cols))
         if ws is None:
             rows, heads = self.q.shape[0], self.q.shape[1]
-            ws = torch.empty(rows, heads, splits, LV + 1, dtype=torch.float32, device=self.q.device)
-            self.workspaces[splits] = ws
+            ws = torch.empty(rows, heads, splits, cols, dtype=torch.float32, device=self.q.device)
+            self.workspaces[(splits, cols)] = ws
         return ws
 
 
@@ -248,8 +265,9 @@ def make_baseline_inputs(case: Case, inp: Inputs) -> Inputs:
 def make_call(api: Api, inp: Inputs, qlen: int, splits: int, sm_scale: float, page_size: int,
               overrides: dict | None, kv_index: int | None = None) -> Callable[[], None]:
     """``fn()`` running the kernel once per cache copy (or on copy ``kv_index`` only)."""
-    kw = {"config": dict(overrides)} if overrides else {}
-    logits = inp.attn_logits(splits)
+    overrides, hk = split_overrides(overrides)
+    kw = {"config": overrides} if overrides else {}
+    logits = inp.attn_logits(splits, hk.get("logits_cols"))
     kvs = inp.kv if kv_index is None else [inp.kv[kv_index]]
 
     def call(kv):
@@ -308,7 +326,7 @@ def compile_spec(case: Case, act: str, splits: int, overrides: dict | None,
     """Picklable description of one launch variant (what triton specializes on)."""
     return {"H": case.H, "qlen": case.qlen, "L": case.L, "fp8": case.fp8,
             "page_size": case.page_size, "act": act, "splits": splits,
-            "config": dict(overrides or {}), "device": device}
+            "config": split_overrides(overrides)[0] or {}, "device": device}
 
 
 def compile_key(spec: dict) -> tuple:

@@ -71,6 +71,10 @@
 #   bash benchmarks/h200_session.sh gridcheck # GRID's GPU tests, the A/B of its producer forms
 #                                           # (GRID_LOOKAHEAD 0 / 1) at ragged and equal lengths and
 #                                           # their timelines with the segment boundaries, one call
+#   bash benchmarks/h200_session.sh wsalign # the split workspace's rows 513 against 528 floats wide
+#                                           # (32-byte aligned partial rows): the table and GRID at
+#                                           # the split shapes, equal and ragged, then the CTA
+#                                           # timelines of both at M2 (the store, the boundary)
 #   bash benchmarks/h200_session.sh merge2  # the merge behind the swap-AB stage 1: the Gluon GPU tests
 #                                           # (-m gpu: 150 s without it ran out on an H100),
 #                                           # the A/B of stage 2's keys (S2_BLOCK_S, S2_BLOCK_DV,
@@ -376,6 +380,15 @@ gridcheck() {  # the balanced grid's GPU tests, then its two producer forms' A/B
   kt grid '{"GRID": 1, "REQUEST_COST": 4}' spread --case 16,2,64,4096 16,2,128,4096
   kt grid_ahead '{"GRID": 1, "REQUEST_COST": 4, "GRID_LOOKAHEAD": 1}' spread --case 16,2,64,4096 16,2,128,4096
 }
+wsalign() {  # the split workspace's row width: 513 floats (rows 4-byte aligned) against 528 (32-byte)
+  local g='{"GRID": 1, "REQUEST_COST": 4' w='"logits_cols": 528}'
+  timeout 170 python3 benchmarks/ab_decode_verify.py --shape M1 M2 M4 M7 --case 16,2,16,4096 128,2,16,32768 \
+    --variant '{}' "{$w" "$g}" "$g, $w" --rounds 3 --json "$OUT/ab_wsalign_equal.json" 2>&1 | grep -v Warn | tail -32
+  timeout 100 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,2,64,4096 16,1,128,4096 --spread \
+    --variant '{}' "{$w" "$g}" "$g, $w" --rounds 3 --json "$OUT/ab_wsalign_spread.json" 2>&1 | grep -v Warn | tail -16
+  kt wsalign_table "{$w" equal --shape M2
+  kt wsalign_grid "$g, $w" equal --shape M2
+}
 gridfm() {  # the balanced grid beside FlashMLA: per kernel at ragged and equal lengths (the table
   # and GRID, each with FlashMLA's kernels in its process), then the serving step with a GRID engine
   flashmla
@@ -436,6 +449,7 @@ fixedcost) fixedcost ;;
 grid) grid ;;
 gridfm) gridfm ;;
 gridcheck) gridcheck ;;
+wsalign) wsalign ;;
 gridkt) gridkt ;;
 balance) balance ;;
 timeline) timeline ;;
