@@ -382,10 +382,10 @@ gridcheck() {  # the balanced grid's GPU tests, then its two producer forms' A/B
 }
 wsalign() {  # the split workspace's row width: 513 floats (rows 4-byte aligned) against 528 (32-byte)
   local g='{"GRID": 1, "REQUEST_COST": 4' w='"logits_cols": 528}'
-  timeout 170 python3 benchmarks/ab_decode_verify.py --shape M1 M2 M4 M7 --case 16,2,16,4096 128,2,16,32768 \
-    --variant '{}' "{$w" "$g}" "$g, $w" --rounds 3 --json "$OUT/ab_wsalign_equal.json" 2>&1 | grep -v Warn | tail -32
-  timeout 100 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,2,64,4096 16,1,128,4096 --spread \
-    --variant '{}' "{$w" "$g}" "$g, $w" --rounds 3 --json "$OUT/ab_wsalign_spread.json" 2>&1 | grep -v Warn | tail -16
+  timeout 150 python3 benchmarks/ab_decode_verify.py --shape M1 M2 M7 --case 16,2,16,4096 \
+    --variant '{}' "{$w" "$g}" "$g, $w" --rounds 3 --json "$OUT/ab_wsalign_equal.json" 2>&1 | grep -v Warn | tail -22
+  timeout 90 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,2,64,4096 --spread \
+    --variant '{}' "{$w" "$g}" "$g, $w" --rounds 3 --json "$OUT/ab_wsalign_spread.json" 2>&1 | grep -v Warn | tail -11
   kt wsalign_table "{$w" equal --shape M2
   kt wsalign_grid "$g, $w" equal --shape M2
 }
