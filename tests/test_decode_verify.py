@@ -81,6 +81,30 @@ def test_matches_reference(device, kw, splits, config, variant):
     case.assert_matches(o, lse)
 
 
+def _run_with_wide_workspace(case, splits, extra_cols, config):
+    """The case run with a NaN workspace ``extra_cols`` floats wider than Lv + 1 per row (the
+    spec takes ``attn_logits.shape[3] >= Lv + 1``); returns ``(o, lse, the columns past Lv + 1)``."""
+    args = case.op_args(splits)
+    rows, heads = case.q.shape[:2]
+    args["attn_logits"] = torch.full((rows, heads, splits, case.Lv + 1 + extra_cols), float("nan"),
+                                     dtype=torch.float32, device=case.q.device)
+    mla_ops.decode_attention_fwd_verify(**args, config=config)
+    return args["o"], args["lse"], args["attn_logits"][..., case.Lv + 1:]
+
+
+@pytest.mark.parametrize("extra_cols", [7, 15])
+@pytest.mark.parametrize("variant", ["plain", "swap-h16"])
+def test_wider_workspace_rows_match_reference(device, extra_cols, variant):
+    """A workspace with rows wider than Lv + 1 (15 more: each row 64-byte aligned) gives the
+    reference's results, and nothing is written past a row's Lv + 1 floats."""
+    case = decode_case(device, batch=2, heads=4, qlen=2, lens=(45, 130), page=16, Lv=32, rope=16,
+                       dtype=torch.float16)
+    config = {**SMALL_SPLITS, **(SWAP[variant] if variant != "plain" else {})}
+    o, lse, pad = _run_with_wide_workspace(case, 3, extra_cols, config)
+    case.assert_matches(o, lse)
+    assert pad.isnan().all(), "a split's partial was written past its Lv + 1 floats"
+
+
 @pytest.mark.parametrize("config", [None, SMALL_SPLITS, {**SMALL_SPLITS, "QSPLIT": 1, "BLOCK_H": 16},
                                     {**SMALL_SPLITS, **SWAP["swap-h32"]},
                                     {**SMALL_SPLITS, **SWAP["swap-h16"], "BLOCK_N": 32, "QSPLIT": 1}],
@@ -451,6 +475,18 @@ GPU_SWAP_PARAMS = [
 def _gpu_case(device, dtype_name, **kw):
     dtype, cache_dtype = GPU_DTYPES[dtype_name]
     return decode_case(device, Lv=512, rope=64, dtype=dtype, cache_dtype=cache_dtype, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp8"])
+@pytest.mark.parametrize("heads,qlen", [(16, 2), (128, 2)], ids=["H16-q2", "H128-q2"])
+def test_gpu_wider_workspace_rows_match_reference(device, heads, qlen, dtype_name):
+    """The table's launch (swap-AB at H16, the 64-row schedules at H128) with 528-float
+    workspace rows: the reference's results, nothing written past a row's 513 floats."""
+    case = _gpu_case(device, dtype_name, batch=3, heads=heads, qlen=qlen, lens=(700, 1500, 2100), page=64)
+    o, lse, pad = _run_with_wide_workspace(case, 4, 15, None)
+    case.assert_matches(o, lse)
+    assert pad.isnan().all(), "a split's partial was written past its Lv + 1 floats"
 
 
 @pytest.mark.gpu
