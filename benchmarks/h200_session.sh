@@ -74,7 +74,8 @@
 #   bash benchmarks/h200_session.sh wsalign # the split workspace's rows 513 against 528 floats wide
 #                                           # (32-byte aligned partial rows): the table and GRID at
 #                                           # the split shapes, equal and ragged, then the CTA
-#                                           # timelines of both at M2 (the store, the boundary)
+#                                           # timelines of both at M2 (the store, the boundary),
+#                                           # then the GPU tests of wider workspace rows
 #   bash benchmarks/h200_session.sh merge2  # the merge behind the swap-AB stage 1: the Gluon GPU tests
 #                                           # (-m gpu: 150 s without it ran out on an H100),
 #                                           # the A/B of stage 2's keys (S2_BLOCK_S, S2_BLOCK_DV,
@@ -388,6 +389,8 @@ wsalign() {  # the split workspace's row width: 513 floats (rows 4-byte aligned)
     --variant '{}' "{$w" "$g}" "$g, $w" --rounds 3 --json "$OUT/ab_wsalign_spread.json" 2>&1 | grep -v Warn | tail -11
   kt wsalign_table "{$w" equal --shape M2
   kt wsalign_grid "$g, $w" equal --shape M2
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/test_decode_verify.py -k wider 2>&1 \
+    | tee "$OUT/gpu_tests_wsalign.txt" | tail -3
 }
 gridfm() {  # the balanced grid beside FlashMLA: per kernel at ragged and equal lengths (the table
   # and GRID, each with FlashMLA's kernels in its process), then the serving step with a GRID engine
