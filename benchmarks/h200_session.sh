@@ -68,9 +68,9 @@
 #   bash benchmarks/h200_session.sh gridkt  # per kernel and CTA timelines of the table and GRID at
 #                                           # M2, H16 q2 B16 / B128 equal and B64 spread, then the
 #                                           # A/B of REQUEST_COST and S2_BLOCK_S (ab_grid_cost_*.json)
-#   bash benchmarks/h200_session.sh gridcheck # GRID's GPU tests, the A/B of its producer forms
-#                                           # (GRID_LOOKAHEAD 0 / 1) at ragged and equal lengths and
-#                                           # their timelines with the segment boundaries, one call
+#   bash benchmarks/h200_session.sh gridcheck # GRID's GPU tests, its A/B against the table at
+#                                           # ragged and equal lengths and its timelines with the
+#                                           # segment boundaries, one call
 #   bash benchmarks/h200_session.sh wsalign # the split workspace's rows 513 against 528 floats wide
 #                                           # (32-byte aligned partial rows): the table and GRID at
 #                                           # the split shapes, equal and ragged, then the CTA
@@ -365,21 +365,18 @@ gridkt() {  # where the balanced grid's time goes: per kernel and CTA timelines 
       --rounds 3 --json "$OUT/ab_grid_cost_$lens.json" 2>&1 | grep -v Warn | tail -26
   done
 }
-gridcheck() {  # the balanced grid's GPU tests, then its two producer forms' A/B against the table and
-  # their CTA timelines with the segment boundaries marked
+gridcheck() {  # the balanced grid's GPU tests, then its A/B against the table and its CTA timelines
+  # with the segment boundaries marked
   timeout 200 python3 -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-14}" -m gpu tests/test_gluon_verify.py \
     tests/test_checked_mode.py -k "grid or swapab-lean1" 2>&1 | tee "$OUT/gpu_tests_grid.txt" | tail -4
   local lens
   for lens in spread equal; do
     timeout 150 python3 benchmarks/ab_decode_verify.py --shape M2 --case 16,2,16,4096 16,2,64,4096 16,2,128,4096 \
       16,1,128,4096 $([ $lens = spread ] && echo --spread) --variant '{}' '{"GRID": 1, "REQUEST_COST": 4}' \
-      '{"GRID": 1, "REQUEST_COST": 4, "GRID_LOOKAHEAD": 1}' --rounds 3 --json "$OUT/ab_grid_$lens.json" 2>&1 \
-      | grep -v Warn | tail -20
+      --rounds 3 --json "$OUT/ab_grid_$lens.json" 2>&1 | grep -v Warn | tail -15
   done
   kt grid '{"GRID": 1, "REQUEST_COST": 4}' equal --shape M2 --case 16,2,16,4096
-  kt grid_ahead '{"GRID": 1, "REQUEST_COST": 4, "GRID_LOOKAHEAD": 1}' equal --shape M2 --case 16,2,16,4096
   kt grid '{"GRID": 1, "REQUEST_COST": 4}' spread --case 16,2,64,4096 16,2,128,4096
-  kt grid_ahead '{"GRID": 1, "REQUEST_COST": 4, "GRID_LOOKAHEAD": 1}' spread --case 16,2,64,4096 16,2,128,4096
 }
 wsalign() {  # the split workspace's row width: 513 floats (rows 4-byte aligned) against 528 (32-byte)
   local g='{"GRID": 1, "REQUEST_COST": 4' w='"logits_cols": 528}'

@@ -94,8 +94,6 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
 
     timeline = schedule.endswith("-tl")  # the CTA timeline probe (gluon_launch.cta_timeline)
     schedule = schedule.removesuffix("-tl")
-    lookahead = schedule.endswith("-la")  # the grid's first block before Q (the config's GRID_LOOKAHEAD)
-    schedule = schedule.removesuffix("-la")
     grid = schedule.endswith("-grid")  # the balanced grid (the config's GRID; swap-AB, splits)
     schedule = schedule.removesuffix("-grid")
     balance = schedule.endswith("-bal")  # balanced splits (the config's BALANCE 2)
@@ -161,8 +159,6 @@ def _compile(cfg: dict, num_heads: int, fp8: bool, single: bool, schedule: str =
         assert not single, "the balanced grid needs a workspace (splits > 1)"
         sig["batch"] = "i32"
         constexprs["GRID"] = True
-        if lookahead:
-            constexprs["GRID_LOOKAHEAD"] = True
         if timeline:  # the probe's launch gives the grid's producer the registers the groups leave
             constexprs["PRODUCER_REGS"] = gla.probe_producer_regs(cfg)
     if schedule.startswith("seesaw-stage"):
@@ -244,8 +240,8 @@ VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], h, sched, False, single, False, False
 # one with SPLIT_SCORES and LEAN_SOFTMAX 2.
 VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, sched, False, False, False, False)
              for sched in ("swapab-lean1-grid", "swapab-split-lean2-grid")]
-# Its look-ahead producer (GRID_LOOKAHEAD), with the probe's segment marks.
-VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "swapab-lean1-grid-la-tl", False, False, False, False)]
+# Its producer with the probe's segment marks.
+VARIANTS += [(sorted(PROPOSED_CONFIGS)[0], 16, "swapab-lean1-grid-tl", False, False, False, False)]
 # On a triton the GPU does not run (the unpinned CI job), where spills and serialization are
 # not asserted, each kernel and schedule is built once, its Q box and epilogue alternating (H16
 # with splits, H128 with one), plus one context-parallel and three draft-tree kernels: every
@@ -256,7 +252,7 @@ BUILD_ONLY = {("alt", False, 16), ("redundant", False, 128), ("alt-early-out", T
               ("seesaw-stage-prod-named-out", False, 128), ("alt-early-named-out", True, 128),
               ("alt-bal", False, 16), ("swapab-tl", False, 16), ("swapab-split", False, 16),
               ("swapab-lean2", False, 16), ("swapab-lean1-grid", False, 16),
-              ("swapab-lean1-grid-la-tl", False, 16)}
+              ("swapab-lean1-grid-tl", False, 16)}
 if not _GPU_CHECKED:
     VARIANTS = [v for v in VARIANTS if (v[2], v[3], v[1]) in BUILD_ONLY and not (v[5] or v[6])
                 or (v[5] and v[2] == "alt-early") or (v[6] and v[2] in ("alt", "alt-early", "seesaw"))]
@@ -355,7 +351,7 @@ def test_offline_compile_sm90a(variant, offline_reports):
     # return); none without it.
     timeline = schedule.endswith("-tl")
     assert r["timeline"] >= 2 if timeline else r["timeline"] == 0, r
-    schedule = schedule.removesuffix("-tl").removesuffix("-la")
+    schedule = schedule.removesuffix("-tl")
     # (the spill limits below hold with STAGE_OUT, NAMED_EXCHANGE and the probe too)
     balance = schedule.endswith("-bal")
     grid = schedule.endswith("-grid")
@@ -429,7 +425,7 @@ def _recorded_launch(qlen, heads, cfg, monkeypatch, tree=False, splits=1, balanc
 def test_grid_reaches_the_bf16_swapab_kernel_with_splits_only(qlen, cfg, fp8, tree, splits, passed, key,
                                                               monkeypatch):
     """GRID runs the swap-AB kernel of a bf16 cache with a workspace on the balanced grid (one
-    CTA per SM, the batch and REQUEST_COST passed, GRID_LOOKAHEAD where set), only when set; a single split, an fp8 cache,
+    CTA per SM, the batch and REQUEST_COST passed), only when set; a single split, an fp8 cache,
     draft trees, alt (what swap-AB does not take), SWAPAB_BLOCKS and BALANCE run the grid of
     (row block, request, split) without the keys, as ``grid_takes`` tells the launcher's stage 2."""
     from mla_ops.platform import current
@@ -438,10 +434,6 @@ def test_grid_reaches_the_bf16_swapab_kernel_with_splits_only(qlen, cfg, fp8, tr
     _, kw = _recorded_launch(qlen, 16, full, monkeypatch, tree=tree, splits=splits, fp8=fp8,
                              balance=cfg.get("BALANCE", 0) if splits > 1 else 0)
     on = bool(key and passed)
-    assert "GRID_LOOKAHEAD" not in kw  # passed only when set (and on the grid):
-    _, ahead = _recorded_launch(qlen, 16, {**full, "GRID_LOOKAHEAD": 1}, monkeypatch, tree=tree, splits=splits,
-                                fp8=fp8, balance=cfg.get("BALANCE", 0) if splits > 1 else 0)
-    assert ahead.get("GRID_LOOKAHEAD") == (True if on else None)
     assert gla.grid_takes(full, qlen, 16, fp8=fp8, tree=tree, ragged=False, context_parallel=False,
                           single=splits == 1) is on
     assert kw.get("GRID") == (True if on else None)
@@ -736,8 +728,7 @@ SCHEDULES = {"alt": {"SCHEDULE": "alt"}, "alt-qkfirst": {"SCHEDULE": "alt", "QK_
              # the balanced grid (one CTA per SM, each an equal share of the batch's blocks across
              # requests; bf16 swap-AB with splits, the others run without it)
              "swapab-lean1-grid": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "GRID": 1},
-             "swapab-split-lean2-grid": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "LEAN_SOFTMAX": 2, "GRID": 1},
-             "swapab-lean1-grid-la": {"SCHEDULE": "swapab", "LEAN_SOFTMAX": 1, "GRID": 1, "GRID_LOOKAHEAD": 1}}
+             "swapab-split-lean2-grid": {"SCHEDULE": "swapab", "SPLIT_SCORES": 1, "LEAN_SOFTMAX": 2, "GRID": 1}}
 
 # Cases only the swap-AB schedule takes besides GPU_CASES' H16 q1 / q2: H32 q1 (32 rows of one
 # token) on a cross-layer cache with pages of 128, H16 q1 fp8 with padded drafts, H8 q4 (8
@@ -784,7 +775,7 @@ GRID_CASES = [
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("schedule", ["swapab-lean1-grid", "swapab-split-lean2-grid", "swapab-lean1-grid-la"])
+@pytest.mark.parametrize("schedule", ["swapab-lean1-grid", "swapab-split-lean2-grid"])
 @pytest.mark.parametrize("case", GRID_CASES, ids=[c[0] for c in GRID_CASES])
 def test_gluon_grid_matches_reference(case, schedule):
     """The balanced grid meets the rule, and its workspace shows the segments of the host's

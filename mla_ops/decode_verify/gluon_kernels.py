@@ -2154,16 +2154,14 @@ def _producer_grid(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, read
                    Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size, kv_capacity, batch,
                    TOK_BOX: gl.constexpr, HEAD_BOX: gl.constexpr, SPLIT_ALIGN: gl.constexpr,
                    MIN_SPLIT_LEN: gl.constexpr, BLOCK_N: gl.constexpr, N_DT: gl.constexpr,
-                   REQUEST_COST: gl.constexpr, LOOKAHEAD: gl.constexpr, Timeline, TIMELINE: gl.constexpr):
+                   REQUEST_COST: gl.constexpr, Timeline, TIMELINE: gl.constexpr):
     """The alt producer warp on the balanced grid, for each of this CTA's segments: its Q once
     both groups are done reading the previous one's (``q_free``), then its blocks into the
     ring, counted across segments. The next segment's facts (its lengths, work item and first
     page) are read as soon as this one's last block is issued, under the ring's last two
-    blocks. LOOKAHEAD (``GRID_LOOKAHEAD``): from the second segment on, its first block goes
-    into the ring before its Q, as soon as a stage is free (under the previous segment's last
-    block); the first segment's Q still goes first, since every CTA asks for its first blocks
-    at once. The timeline probe marks each segment's Q and first block requested
-    (``_cta_mark_segment``)."""
+    blocks. The timeline probe marks each segment's Q and first block requested
+    (``_cta_mark_segment``). (A segment's first block before its Q, from the first or the
+    second segment on, was slower: NOTES.md, the balanced grid.)"""
     r0, r1, u0, lo, hi, g, units = _grid_requests(Seq_Lens, Real_Lens, batch, num_kv_splits, kv_capacity, BLOCK_N,
                                                   REQUEST_COST)
     seg, u0 = _grid_segment(Seq_Lens, Real_Lens, r0, u0, lo, hi, g, units, kv_capacity, BLOCK_N, REQUEST_COST,
@@ -2173,18 +2171,10 @@ def _producer_grid(q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, read
     blocks = r0 * 0
     for r in range(r0, r1):
         split_start, n_blocks, req_row, pid_b, tok0, head0, page = item
-        if LOOKAHEAD:
-            if (n_blocks > 0) & (r > r0):
-                _alt_block(k_desc, kv_smem, ready, empty, blocks, page, split_start % page_size, N_DT)
-                _cta_mark_segment(Timeline, r - r0, 1, TIMELINE)
         mbarrier.wait(q_free, ((r - r0) & 1) ^ 1, pred=r > r0)
         _pair_load_q(q_desc, q_smem, sp_smem, q_bar, 1, pid_b, qlen, tok0, head0, N_DT, False)  # (whatever its blocks)
         _cta_mark_segment(Timeline, r - r0, 0, TIMELINE)
-        if LOOKAHEAD:
-            first_now = (n_blocks > 0) & (r == r0)
-        else:
-            first_now = n_blocks > 0
-        if first_now:
+        if n_blocks > 0:
             _alt_block(k_desc, kv_smem, ready, empty, blocks, page, split_start % page_size, N_DT)
             _cta_mark_segment(Timeline, r - r0, 1, TIMELINE)
         _alt_blocks(k_desc, kv_smem, ready, empty, Req_to_Token, req_row, split_start + BLOCK_N,
@@ -2344,7 +2334,6 @@ def _verify_stage1_swapab(
     LEAN_SOFTMAX: gl.constexpr = 0,  # the softmax's reductions off the block's chain (``_swapab_softmax``)
     Timeline=None, TIMELINE: gl.constexpr = False,  # the CTA timeline probe (``_cta_mark``)
     GRID: gl.constexpr = False, REQUEST_COST: gl.constexpr = 2, batch=None,  # the balanced grid (``splits.py``)
-    GRID_LOOKAHEAD: gl.constexpr = False,
 ):
     """Stage 1 with the swap-AB schedule (the arguments of ``_verify_stage1_alt`` but draft
     trees; NUM_STAGES must be 2): ROWS (16 or 32) >= the request's qlen * H rows, which are the
@@ -2357,8 +2346,7 @@ def _verify_stage1_swapab(
     ragged rows or context parallelism; a split workspace): the balanced grid of ``splits.py``,
     each CTA the ``batch`` requests' blocks of its unit range, a segment per request it meets
     (``_consumer_swapab_grid``, ``_producer_grid``); REQUEST_COST: the units a request costs
-    beside its blocks; GRID_LOOKAHEAD: a segment's first block before its Q from the second
-    segment on."""
+    beside its blocks."""
     _launch_dependents(LAUNCH_DEPENDENTS)
     _cta_mark(Timeline, 0, TIMELINE)
     N_DT: gl.constexpr = LK // _DT
@@ -2424,7 +2412,7 @@ def _verify_stage1_swapab(
             (_producer_grid, (q_desc, k_desc, q_smem, kv_smem, sp_smem, q_bar, q_free, ready, empty, Req_to_Token,
                               Seq_Lens, Real_Lens, stride_req_b, num_kv_splits, qlen, num_heads, page_size,
                               kv_capacity, batch, TOK_BOX, HEAD_BOX, SPLIT_ALIGN, MIN_SPLIT_LEN, BLOCK_N, N_DT,
-                              REQUEST_COST, GRID_LOOKAHEAD, Timeline, TIMELINE)),
+                              REQUEST_COST, Timeline, TIMELINE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         mbarrier.invalidate(q_free)
     else:

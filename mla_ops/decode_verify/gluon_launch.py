@@ -132,9 +132,6 @@ GLUON_DEFAULT_CONFIG: dict[str, Any] = {
     # (``splits.grid_num_kv_splits``). Passed to the kernel only where it applies.
     "GRID": 0,
     "REQUEST_COST": 2,
-    # with GRID: 1, a segment's first block is asked for before its Q from the CTA's second
-    # segment on (under the previous segment's last block; gluon_kernels._producer_grid).
-    "GRID_LOOKAHEAD": 0,
 }
 
 _LK, _LV = 576, 512  # the head dims the kernel is written for (DeepSeek MLA)
@@ -350,8 +347,6 @@ def launch_verify_stage1_gluon(q, k_buffer, k_scale, req_to_token, seq_lens, rea
             extra["LEAN_SOFTMAX"] = int(c["LEAN_SOFTMAX"])
         if on_grid:
             extra.update(GRID=True, REQUEST_COST=int(c["REQUEST_COST"]), batch=batch)
-            if c["GRID_LOOKAHEAD"]:
-                extra["GRID_LOOKAHEAD"] = True
     if c["STAGE_OUT"] and kernel not in (_gk._verify_stage1_ws, _gk._verify_stage1_swapab):
         extra["STAGE_OUT"] = True
     # (the seesaw's converter warps run in the producer's registers: ``_dequant_rows``)
