@@ -461,6 +461,14 @@ leanbw) leanbw ;;
 bound) bound ;;
 fp8bound) fp8bound ;;
 bf16bound) bf16bound ;;
-*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|merge2|flashcol|fixedcost|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
+*) echo "usage: bash benchmarks/h200_session.sh test|bench|tune|towers|suite|eager|e2e|flashmla|abtree|merge2|flashcol|fixedcost|grid|gridfm|gridcheck|wsalign|gridkt|balance|timeline|splitscores|fewrows|lean|leangrid|leanbw|bound|fp8bound|bf16bound" >&2
    exit 2 ;;
 esac
+# The device returns at most 8 files from $OUT: past that, this mode's files go into one archive
+# (results_<mode>.tgz; archives of earlier modes in the same call are kept as they are).
+packed=$(find "$OUT" -maxdepth 1 -type f ! -name '*.tgz' | wc -l)
+if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ] && [ "$packed" -gt 0 ]; then
+  (cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.tgz' -print0 | tar czf "results_${1:-test}.tgz" --null -T - \
+    && find . -maxdepth 1 -type f ! -name '*.tgz' -delete)
+  echo "$packed files packed into $OUT/results_${1:-test}.tgz (the device returns 8 files at most)"
+fi
