@@ -8,8 +8,8 @@ A variant is a JSON object of config overrides (``configs.VERIFY_DEFAULT_CONFIG`
 ``"family"``) with an optional ``"splits"`` (``num_kv_splits``; default
 ``verify_num_kv_splits`` for its BLOCK_H and SPLIT_WORK), ``"logits_cols"`` (the split
 workspace's row width, default Lv + 1 = 513; 528 makes each partial row start 32-byte aligned)
-and ``"name"``; ``{}`` is the table as selected. A variant the tuning module refuses (e.g. SWAP_AB with one stage on CUDA) is
-reported and skipped.
+and ``"name"``; ``{}`` is the table as selected. A variant the tuning module refuses (e.g.
+SWAP_AB with one stage on CUDA) is reported and skipped.
 
     PYTHONPATH=. python benchmarks/ab_decode_verify.py --shape M1 M2 \
         --variant '{}' '{"TMA": 1}' '{"PERSISTENT": 1}' '{"splits": 16, "S2_BLOCK_DV": 128}' \

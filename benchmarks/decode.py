@@ -200,7 +200,8 @@ class Inputs:
     k_scale: torch.Tensor | None
     o: torch.Tensor
     lse: torch.Tensor
-    workspaces: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # the split workspaces made so far, by (splits, row width)
+    workspaces: dict[tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def attn_logits(self, splits: int, cols: int | None = None) -> torch.Tensor | None:
         """The split workspace ``[rows, H, splits, cols]`` (``cols`` >= Lv + 1, default Lv + 1:

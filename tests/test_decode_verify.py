@@ -83,7 +83,7 @@ def test_matches_reference(device, kw, splits, config, variant):
 
 def _run_with_wide_workspace(case, splits, extra_cols, config):
     """The case run with a NaN workspace ``extra_cols`` floats wider than Lv + 1 per row (the
-    spec takes ``attn_logits.shape[3] >= Lv + 1``); returns ``(o, lse, the columns past Lv + 1)``."""
+    spec takes ``attn_logits.shape[3] >= Lv + 1``); returns ``(o, lse, columns past Lv + 1)``."""
     args = case.op_args(splits)
     rows, heads = case.q.shape[:2]
     args["attn_logits"] = torch.full((rows, heads, splits, case.Lv + 1 + extra_cols), float("nan"),
